@@ -1,0 +1,117 @@
+// Bindings for zero/: the ZeRO optimizer that the Python engine drives.
+#include <torch/csrc/utils/pybind.h>
+
+#include "python/csrc/bindings.h"
+#include "zero/optimizer.h"
+
+namespace py = pybind11;
+
+namespace zeroshard::python {
+
+namespace {
+GroupHyper hyper_from_dict(const py::dict& d) {
+  GroupHyper h;
+  auto get = [&](const char* k, double dflt) { return d.contains(k) ? d[k].cast<double>() : dflt; };
+  h.lr = get("lr", h.lr);
+  h.weight_decay = get("weight_decay", h.weight_decay);
+  if (d.contains("betas")) {
+    auto b = d["betas"].cast<std::pair<double, double>>();
+    h.beta1 = b.first;
+    h.beta2 = b.second;
+  }
+  h.eps = get("eps", h.eps);
+  h.momentum = get("momentum", h.momentum);
+  h.dampening = get("dampening", h.dampening);
+  h.nesterov = d.contains("nesterov") && d["nesterov"].cast<bool>();
+  h.lr_decay = get("lr_decay", h.lr_decay);
+  return h;
+}
+OptimizerConfig optimizer_from_dict(const py::dict& d) {
+  OptimizerConfig o;
+  o.present = true;
+  o.type = d["type"].cast<std::string>();
+  if (d.contains("adam_w_mode")) o.adam_w_mode = d["adam_w_mode"].cast<bool>();
+  if (d.contains("bias_correction")) o.bias_correction = d["bias_correction"].cast<bool>();
+  if (d.contains("initial_accumulator_value"))
+    o.initial_accumulator_value = d["initial_accumulator_value"].cast<double>();
+  return o;
+}
+
+py::dict optimizer_to_dict(const OptimizerConfig& o) {
+  py::dict d;
+  d["present"] = o.present;
+  d["type"] = o.type;
+  d["lr"] = o.lr;
+  d["betas"] = py::make_tuple(o.beta1, o.beta2);
+  d["eps"] = o.eps;
+  d["weight_decay"] = o.weight_decay;
+  d["adam_w_mode"] = o.adam_w_mode;
+  d["bias_correction"] = o.bias_correction;
+  d["momentum"] = o.momentum;
+  d["dampening"] = o.dampening;
+  d["nesterov"] = o.nesterov;
+  d["lr_decay"] = o.lr_decay;
+  d["initial_accumulator_value"] = o.initial_accumulator_value;
+  return d;
+}
+}  // namespace
+
+void bind_zero(py::module_& m) {
+  // The config's optimizer block with its defaults, for the Python param_groups.
+  m.def("optimizer_config", [](const std::shared_ptr<Config>& c) { return optimizer_to_dict(c->optimizer); });
+  // Fields of the config the Python engine reads directly.
+  m.def("engine_settings", [](const std::shared_ptr<Config>& c) {
+    py::dict d;
+    d["precision"] = c->precision() == Precision::fp16 ? "fp16" : c->precision() == Precision::bf16 ? "bf16" : "fp32";
+    d["fp16_auto_cast"] = c->fp16.auto_cast;
+    d["stage"] = c->zero_optimization.stage;
+    d["gradient_clipping"] = c->gradient_clipping;
+    d["steps_per_print"] = c->steps_per_print;
+    d["wall_clock_breakdown"] = c->wall_clock_breakdown;
+    d["dataloader_drop_last"] = c->dataloader_drop_last;
+    d["scheduler"] = c->scheduler.present ? py::object(py::str(c->scheduler.type)) : py::object(py::none());
+    d["zero_allow_untested_optimizer"] = c->zero_allow_untested_optimizer;
+    d["offload_optimizer"] = c->zero_optimization.offload_optimizer.device;
+    d["offload_param"] = c->zero_optimization.offload_param.device;
+    return d;
+  });
+
+  py::class_<StepResult>(m, "StepResult")
+      .def_readonly("applied", &StepResult::applied)
+      .def_readonly("grad_norm", &StepResult::grad_norm)
+      .def_readonly("loss_scale", &StepResult::loss_scale);
+
+  py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(m, "ZeroOptimizer")
+      .def(py::init([](std::shared_ptr<Comm> comm, std::shared_ptr<Config> config,
+                       const py::dict& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
+                       at::ScalarType dtype) {
+             const OptimizerConfig oc = optimizer_from_dict(optimizer);
+             py::gil_scoped_release release;
+             return std::make_shared<ZeroOptimizer>(std::move(comm), *config, oc, groups, dtype);
+           }),
+           py::arg("comm"), py::arg("config"), py::arg("optimizer"), py::arg("groups"),
+           py::arg("model_dtype"))
+      .def("param_views", &ZeroOptimizer::param_views)
+      .def("grad_views", &ZeroOptimizer::grad_views)
+      .def("grad_ready", &ZeroOptimizer::grad_ready, py::arg("param_index"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("step",
+           [](ZeroOptimizer& o, const py::list& groups) {
+             std::vector<GroupHyper> hypers;
+             for (const auto& g : groups) hypers.push_back(hyper_from_dict(g.cast<py::dict>()));
+             py::gil_scoped_release release;
+             return o.step(hypers);
+           },
+           py::arg("param_groups"))
+      .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
+      .def("master", &ZeroOptimizer::master, py::arg("group"))
+      .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
+      .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
+      .def_property_readonly("stage", &ZeroOptimizer::stage)
+      .def_property_readonly("global_steps", &ZeroOptimizer::global_steps)
+      .def_property_readonly("skipped_steps", &ZeroOptimizer::skipped_steps)
+      .def_property_readonly("num_buckets", &ZeroOptimizer::num_buckets)
+      .def_property_readonly("num_params", &ZeroOptimizer::num_params);
+}
+
+}  // namespace zeroshard::python

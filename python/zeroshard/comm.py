@@ -1,0 +1,70 @@
+"""torch.distributed start-up from the usual environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), from SLURM or Open MPI variables, or as a world of one when none is set."""
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from zeroshard.launcher.discovery import discover_env
+
+_DEFAULT_TIMEOUT_MIN = 30
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def timeout_seconds() -> float:
+    # DEEPSPEED_TIMEOUT (minutes) is honoured so existing job scripts keep their setting.
+    for key in ("ZEROSHARD_TIMEOUT", "DEEPSPEED_TIMEOUT"):
+        if os.environ.get(key):
+            try:
+                return float(os.environ[key]) * 60.0
+            except ValueError:
+                raise ValueError(f"{key}: got {os.environ[key]!r}, expected a number of minutes")
+    return _DEFAULT_TIMEOUT_MIN * 60.0
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=29500,
+                     verbose=True, timeout=None, init_method=None, dist_init_required=None,
+                     config=None, rank=-1, world_size=-1):
+    """Starts torch.distributed once; later calls return at once (DeepSpeed's signature)."""
+    if dist.is_initialized():
+        return
+    if dist_init_required is False:
+        raise RuntimeError("dist_init_required=False but torch.distributed is not initialized")
+    env = os.environ
+    if rank >= 0 and world_size > 0:
+        env["RANK"], env["WORLD_SIZE"] = str(rank), str(world_size)
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        found = discover_env(env) if auto_mpi_discovery else {}
+        for k, v in found.items():
+            env.setdefault(k, str(v))
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        # No launcher: a world of one on this machine.
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(_free_port()))
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(distributed_port))
+    backend = dist_backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
+    t = timeout if timeout is not None else datetime.timedelta(seconds=timeout_seconds())
+    dist.init_process_group(backend=backend, init_method=init_method, timeout=t,
+                            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
+
+
+def device() -> torch.device:
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

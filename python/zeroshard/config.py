@@ -1,0 +1,55 @@
+"""Where the ds_config comes from (a path, a dict, JSON text, base64 JSON, or
+args.deepspeed_config) and the command-line flags that name it. Parsing is C++ (zeroshard._C)."""
+import argparse
+import base64
+import json
+import os
+
+from zeroshard import _C
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds DeepSpeed's --deepspeed and --deepspeed_config flags (and --zeroshard_config)."""
+    group = parser.add_argument_group("zeroshard", "zeroshard / DeepSpeed configuration")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="enable the engine (kept for DeepSpeed scripts)")
+    group.add_argument("--deepspeed_config", "--zeroshard_config", default=None, type=str,
+                       dest="deepspeed_config", help="path to the ds_config.json file")
+    return parser
+
+
+def _text_and_source(config):
+    if isinstance(config, dict):
+        return json.dumps(config), "<dict>"
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read(), path
+        stripped = path.lstrip()
+        if stripped.startswith("{"):
+            return path, "<json text>"
+        try:
+            decoded = base64.urlsafe_b64decode(path.encode()).decode("utf-8")
+            if decoded.lstrip().startswith("{"):
+                return decoded, "<base64 config>"
+        except (ValueError, UnicodeDecodeError):
+            pass
+        raise ValueError(f"config: {path!r} is not a file, JSON text or base64-encoded JSON")
+    raise ValueError(f"config: got {type(config).__name__}, expected a path, a dict or JSON text")
+
+
+def load_config(args=None, config=None, config_params=None):
+    """Returns the parsed _C.Config. Exactly one source may be given, as in DeepSpeed."""
+    if config is None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if config is not None and from_args is not None:
+        raise ValueError("config: given both as initialize(config=...) and as "
+                         "args.deepspeed_config; pass only one")
+    config = config if config is not None else from_args
+    if config is None:
+        raise ValueError("config: none given; pass initialize(config=<path or dict>) or "
+                         "--deepspeed_config <path>")
+    text, source = _text_and_source(config)
+    return _C.parse_config(text, source)

@@ -1,0 +1,283 @@
+"""The engine that wraps the user's nn.Module: DeepSpeed's initialize() and engine API. Python
+orchestrates (hooks, data, logging); buffers, reduction and the optimizer step live in C++."""
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from zeroshard import _C
+from zeroshard.comm import device as comm_device
+from zeroshard.comm import init_distributed, timeout_seconds
+from zeroshard.config import load_config
+from zeroshard.dataloader import make_dataloader
+from zeroshard.log import log_rank0, logger
+from zeroshard.lr_schedules import ConfigLRScheduler
+from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec, param_group_defaults
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=29500, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, mesh_param=None, config_params=None):
+    """DeepSpeed's initialize(): returns (engine, optimizer, training_dataloader, lr_scheduler)."""
+    if model is None:
+        raise ValueError("initialize: model is required")
+    if mesh_param is not None:
+        raise ValueError("initialize: mesh_param (sequence/tensor-parallel meshes) is not supported")
+    engine = ZeroShardEngine(args=args, model=model, optimizer=optimizer,
+                             model_parameters=model_parameters, training_data=training_data,
+                             lr_scheduler=lr_scheduler, distributed_port=distributed_port, mpu=mpu,
+                             dist_init_required=dist_init_required, collate_fn=collate_fn,
+                             config=config, config_params=config_params)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _param_groups(model, model_parameters, client_optimizer):
+    """[(group_dict_without_params, [params])] from whatever the script passed."""
+    if client_optimizer is not None:
+        return [({k: v for k, v in g.items() if k != "params"}, list(g["params"]))
+                for g in client_optimizer.param_groups]
+    source = model.parameters() if model_parameters is None else model_parameters
+    items = list(source)
+    if items and isinstance(items[0], dict):
+        return [({k: v for k, v in g.items() if k != "params"}, list(g["params"])) for g in items]
+    return [({}, items)]
+
+
+class ZeroShardEngine(torch.nn.Module):
+    def __init__(self, args=None, model=None, optimizer=None, model_parameters=None,
+                 training_data=None, lr_scheduler=None, distributed_port=29500, mpu=None,
+                 dist_init_required=None, collate_fn=None, config=None, config_params=None):
+        super().__init__()
+        self._config = load_config(args, config, config_params)
+        init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required)
+        self.global_rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else self.world_size
+        tbs, micro, gas = self._config.resolve_batch(self.dp_world_size)
+        self._train_batch_size, self._micro_batch_size, self._gas = tbs, micro, gas
+        s = _C.engine_settings(self._config)
+        self._settings = s
+        for note in self._config.notes:
+            log_rank0(note, self.global_rank)
+        log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
+        if s["offload_optimizer"] != "none" or s["offload_param"] != "none":
+            raise ValueError("zero_optimization.offload_optimizer/offload_param: device "
+                             f"'{s['offload_optimizer']}'/'{s['offload_param']}' is not available in "
+                             "this build yet; expected \"none\"")
+
+        self.device = comm_device()
+        self.module = model.to(self.device)
+        self.dtype = _DTYPES[s["precision"]]
+        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds())
+
+        spec, groups = self._optimizer_spec(optimizer, model_parameters)
+        self._build_core(spec, groups)
+        self.optimizer = ZeroShardOptimizer(self._core, [g for g, _ in groups])
+        self.lr_scheduler = self._make_scheduler(lr_scheduler)
+        self.training_dataloader = (
+            make_dataloader(training_data, self._micro_batch_size, self.dp_world_size,
+                            self.global_rank, collate_fn, s["dataloader_drop_last"])
+            if training_data is not None else None)
+
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self._boundary_override = None
+        self._in_boundary_backward = False
+        self._last = None  # the last StepResult
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._print_t0 = time.perf_counter()
+        self._print_step0 = 0
+        log_rank0(f"ZeRO stage {self._core.stage}, {s['precision']}, world {self.world_size}, "
+                  f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
+                  f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
+                  f"buckets; model state per rank: {self._core.memory.summary()}", self.global_rank)
+
+    # ----- set-up -----
+    def _optimizer_spec(self, client_optimizer, model_parameters):
+        if client_optimizer is not None and not isinstance(client_optimizer, torch.optim.Optimizer):
+            if callable(client_optimizer):
+                client_optimizer = client_optimizer(self.module.parameters() if model_parameters is None
+                                                    else model_parameters)
+            else:
+                raise ValueError("optimizer: expected a torch.optim.Optimizer or a callable that "
+                                 "builds one from the parameters")
+        configured = _C.optimizer_config(self._config)
+        if client_optimizer is not None:
+            if configured["present"]:
+                raise ValueError("optimizer: given both in the config's \"optimizer\" block and as "
+                                 "initialize(optimizer=...); pass only one")
+            spec = client_optimizer_spec(client_optimizer)
+            defaults = {}
+        elif configured["present"]:
+            spec = {k: configured[k] for k in ("type", "adam_w_mode", "bias_correction",
+                                                 "initial_accumulator_value")}
+            defaults = param_group_defaults(configured)
+        else:
+            raise ValueError("optimizer: none given; add an \"optimizer\" block to the config "
+                             "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
+                             "initialize(optimizer=...)")
+        groups = []
+        for hyper, params in _param_groups(self.module, model_parameters, client_optimizer):
+            trainable = [p for p in params if p.requires_grad]
+            if trainable:
+                groups.append(({**defaults, **hyper, "params": trainable}, trainable))
+        return spec, groups
+
+    def _build_core(self, spec, groups):
+        trainable_ids = {id(p) for _, ps in groups for p in ps}
+        fp32_values = [[p.detach().to(torch.float32) for p in ps] for _, ps in groups]
+        # Frozen parameters and buffers follow rank 0 too (trainable ones are broadcast in C++).
+        with torch.no_grad():
+            for t in list(self.module.buffers()) + [p for p in self.module.parameters()
+                                                    if id(p) not in trainable_ids]:
+                if self.world_size > 1:
+                    dist.broadcast(t.data, 0)
+            self.module.to(self.dtype)
+        self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
+        self._params = [p for _, ps in groups for p in ps]
+        self._grad_views = [v for vs in self._core.grad_views() for v in vs]
+        for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
+            p.data = view
+        for i, (p, g) in enumerate(zip(self._params, self._grad_views)):
+            p.grad = g
+            p.register_post_accumulate_grad_hook(self._make_hook(i, g))
+
+    def _make_hook(self, index, view):
+        core = self._core
+
+        def hook(param):
+            if not self._in_boundary_backward:
+                return
+            # The gradient must sit in its flat-buffer view; a script that set param.grad to None
+            # or replaced it gets its values moved back in.
+            if param.grad is not view:
+                if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+                    view.copy_(param.grad)
+                param.grad = view
+            core.grad_ready(index)
+        return hook
+
+    def _make_scheduler(self, client_scheduler):
+        if self._settings["scheduler"] is not None:
+            if client_scheduler is not None:
+                raise ValueError("scheduler: given both in the config's \"scheduler\" block and as "
+                                 "initialize(lr_scheduler=...); pass only one")
+            return ConfigLRScheduler(self.optimizer, self._config)
+        if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
+            return client_scheduler(self.optimizer)
+        return client_scheduler
+
+    # ----- training API -----
+    def forward(self, *inputs, **kwargs):
+        if self._settings["fp16_auto_cast"]:
+            inputs = tuple(x.half() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs)
+        return self.module(*inputs, **kwargs)
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool):
+        self._boundary_override = is_boundary
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        if not loss.requires_grad:
+            raise ValueError("backward: the loss does not require grad (was it computed under "
+                             "torch.no_grad(), or from detached outputs?)")
+        self._loss_sum += float(loss.detach())
+        self._loss_count += 1
+        scaled = loss / self._gas if scale_wrt_gas else loss
+        self._in_boundary_backward = self.is_gradient_accumulation_boundary()
+        try:
+            (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
+        finally:
+            self._in_boundary_backward = False
+        return scaled
+
+    def step(self, lr_kwargs=None):
+        if self.is_gradient_accumulation_boundary():
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            self._last = self._core.step(groups)
+            if self._last.applied:
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step(**(lr_kwargs or {}))
+            else:
+                self.skipped_steps += 1
+                log_rank0(f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; "
+                          f"loss scale {self._last.loss_scale:g} -> {self._core.loss_scale:g}",
+                          self.global_rank)
+            self.global_steps += 1
+            self.global_samples += self._train_batch_size
+            self._maybe_print()
+        self.micro_steps += 1
+        self._boundary_override = None
+
+    def _maybe_print(self):
+        every = self._settings["steps_per_print"]
+        if not every or self.global_steps % every != 0:
+            return
+        # Mean loss over ranks and micro-steps since the last line (one small all-reduce).
+        t = torch.tensor([self._loss_sum, float(self._loss_count)], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        loss = (t[0] / max(t[1], 1.0)).item()
+        now = time.perf_counter()
+        samples = (self.global_steps - self._print_step0) * self._train_batch_size
+        rate = samples / max(now - self._print_t0, 1e-9)
+        self._print_t0, self._print_step0 = now, self.global_steps
+        self._loss_sum, self._loss_count = 0.0, 0
+        norm = self._last.grad_norm if self._last is not None else float("nan")
+        log_rank0(f"step {self.global_steps} loss {loss:.4f} lr {self.get_lr()[0]:.3e} "
+                  f"loss_scale {self._core.loss_scale:g} grad_norm {norm:.3f} "
+                  f"samples/s {rate:.1f} | model state per rank: {self._core.memory.summary()}",
+                  self.global_rank)
+
+    def zero_grad(self):
+        self._core.zero_grad()
+
+    # ----- queries -----
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        return None if self._last is None or not self._last.applied else self._last.grad_norm
+
+    def was_step_applied(self) -> bool:
+        return bool(self._last is not None and self._last.applied)
+
+    def train_batch_size(self):
+        return self._train_batch_size
+
+    def train_micro_batch_size_per_gpu(self):
+        return self._micro_batch_size
+
+    def gradient_accumulation_steps(self):
+        return self._gas
+
+    def zero_optimization_stage(self):
+        return self._core.stage
+
+    def get_loss_scale(self):
+        return self._core.loss_scale
+
+    def memory_bytes(self):
+        """Model-state bytes held by this rank, by category, from the runtime's own accounting."""
+        return dict(self._core.memory.bytes())
+
+    def resolved_config(self) -> dict:
+        return json.loads(self._config.resolved_json())
+
+    def __getattr__(self, name):
+        # nn.Module keeps submodules in _modules; fall back to the wrapped module like DeepSpeed.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = super().__getattr__("module")
+            return getattr(module, name)

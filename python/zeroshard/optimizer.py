@@ -1,0 +1,72 @@
+"""The optimizer object initialize() returns: torch-style param_groups (lr, betas, ... that users and
+schedulers edit) in front of the C++ ZeroOptimizer, which owns every buffer and runs the step."""
+import torch
+
+from zeroshard import _C
+
+# torch.optim classes whose update the C++ kernels reproduce, with the spec they map to.
+_CLIENT_TYPES = {
+    "Adam": lambda opt: {"type": "Adam", "adam_w_mode": False},
+    "AdamW": lambda opt: {"type": "AdamW", "adam_w_mode": True},
+    "SGD": lambda opt: {"type": "SGD"},
+    "Adagrad": lambda opt: {"type": "Adagrad",
+                            "initial_accumulator_value": opt.defaults.get("initial_accumulator_value", 0.0)},
+    # zeroshard.ops / DeepSpeed CPU optimizers built by the user's script.
+    "CPUAdam": lambda opt: {"type": "AdamW" if opt.defaults.get("adamw_mode", True) else "Adam",
+                            "adam_w_mode": opt.defaults.get("adamw_mode", True),
+                            "bias_correction": opt.defaults.get("bias_correction", True)},
+    "CPUAdagrad": lambda opt: {"type": "Adagrad"},
+    "CPULion": lambda opt: {"type": "Lion"},
+}
+_CLIENT_TYPES["DeepSpeedCPUAdam"] = _CLIENT_TYPES["CPUAdam"]
+_CLIENT_TYPES["DeepSpeedCPUAdagrad"] = _CLIENT_TYPES["CPUAdagrad"]
+_CLIENT_TYPES["DeepSpeedCPULion"] = _CLIENT_TYPES["CPULion"]
+
+_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "capturable", "differentiable")
+
+
+def client_optimizer_spec(opt: torch.optim.Optimizer) -> dict:
+    name = type(opt).__name__
+    if name not in _CLIENT_TYPES:
+        raise ValueError(
+            f"optimizer: a client {name} cannot run on zeroshard's sharded step; pass one of "
+            f"{', '.join(sorted(_CLIENT_TYPES))}, or name the optimizer in the config's "
+            f"\"optimizer\" block")
+    for flag in _UNSUPPORTED_FLAGS:
+        if opt.defaults.get(flag):
+            raise ValueError(f"optimizer: {name}({flag}=True) is not supported by zeroshard")
+    return _CLIENT_TYPES[name](opt)
+
+
+def param_group_defaults(spec: dict) -> dict:
+    """The hyperparameters a param group starts with, from the config's optimizer block."""
+    keys = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay"),
+            "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+            "Adagrad": ("lr", "lr_decay", "eps", "weight_decay"), "Lion": ("lr", "betas", "weight_decay")}
+    return {k: spec[k] for k in keys[spec["type"]]}
+
+
+class ZeroShardOptimizer:
+    """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here)."""
+
+    def __init__(self, core, param_groups):
+        self.core = core
+        self.param_groups = param_groups
+        self.state = {}
+
+    @property
+    def loss_scale(self) -> float:
+        return self.core.loss_scale
+
+    cur_scale = loss_scale
+
+    def zero_grad(self, set_to_none: bool = False):
+        # Gradients live in flat buffers that param.grad views; they are zeroed, never dropped.
+        self.core.zero_grad()
+
+    def step(self, closure=None):
+        raise RuntimeError("call engine.step(), not optimizer.step(): the engine runs the "
+                           "sharded step at the gradient accumulation boundary")
+
+    def __repr__(self):
+        return f"ZeroShardOptimizer(stage={self.core.stage}, groups={len(self.param_groups)})"

@@ -1,0 +1,69 @@
+// Model-state byte accounting; see memory.h.
+#include "runtime/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::master_weights: return "master_weights";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::gathered_parameters: return "gathered_parameters";
+    case MemoryCategory::count: break;
+  }
+  return "unknown";
+}
+
+void MemoryAccount::add(MemoryCategory c, int64_t bytes) {
+  ZS_CHECK(bytes >= 0, "MemoryAccount::add: negative bytes ", bytes);
+  current_[idx(c)] += bytes;
+  peak_[idx(c)] = std::max(peak_[idx(c)], current_[idx(c)]);
+  peak_total_ = std::max(peak_total_, total_bytes());
+}
+
+void MemoryAccount::release(MemoryCategory c, int64_t bytes) {
+  ZS_CHECK(bytes >= 0 && bytes <= current_[idx(c)], "MemoryAccount::release: releasing ", bytes,
+           " bytes of ", memory_category_name(c), " but only ", current_[idx(c)], " are held");
+  current_[idx(c)] -= bytes;
+}
+
+int64_t MemoryAccount::total_bytes() const {
+  int64_t total = 0;
+  for (int64_t b : current_) total += b;
+  return total;
+}
+
+void MemoryAccount::reset_peaks() {
+  peak_ = current_;
+  peak_total_ = total_bytes();
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  const double b = double(bytes);
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2fGB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2fMB", b / 1e6);
+  else if (b >= 1e3) std::snprintf(buf, sizeof buf, "%.1fKB", b / 1e3);
+  else std::snprintf(buf, sizeof buf, "%lldB", static_cast<long long>(bytes));
+  return buf;
+}
+
+std::string MemoryAccount::summary() const {
+  std::string out;
+  for (size_t i = 0; i < size_t(MemoryCategory::count); ++i) {
+    if (current_[i] == 0 && i == size_t(MemoryCategory::gathered_parameters)) continue;
+    if (!out.empty()) out += ' ';
+    out += memory_category_name(MemoryCategory(i));
+    out += '=';
+    out += format_bytes(current_[i]);
+  }
+  return out;
+}
+
+}  // namespace zeroshard

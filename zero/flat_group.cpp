@@ -1,0 +1,105 @@
+// Flat parameter groups; see flat_group.h. Everything allocated here is registered with the
+// MemoryAccount so the per-rank model-state figures come from one place.
+#include "zero/flat_group.h"
+
+#include <ATen/ATen.h>
+
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+OptimizerKind optimizer_kind(const std::string& t) {
+  if (t == "Adam" || t == "AdamW") return OptimizerKind::adam;
+  if (t == "SGD") return OptimizerKind::sgd;
+  if (t == "Adagrad") return OptimizerKind::adagrad;
+  if (t == "Lion") return OptimizerKind::lion;
+  throw ConfigError(detail::cat("optimizer.type: got \"", t,
+                                "\", expected one of Adam, AdamW, SGD, Adagrad, Lion"));
+}
+
+namespace {
+int64_t state_tensors(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adam: return 2;     // exp_avg, exp_avg_sq
+    case OptimizerKind::sgd: return 1;      // momentum buffer
+    case OptimizerKind::adagrad: return 1;  // sum of squares
+    case OptimizerKind::lion: return 1;     // exp_avg
+  }
+  return 0;
+}
+}  // namespace
+
+FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
+                     int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
+                     OptimizerKind kind, double initial_accumulator_value, MemoryAccount& memory)
+    : memory_(memory) {
+  ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no trainable parameters");
+  std::vector<int64_t> numels;
+  for (const auto& p : params) {
+    numels.push_back(p.numel());
+    shapes_.push_back(p.sizes().vec());
+  }
+  layout_ = make_flat_layout(numels, world_size, alignment_numel);
+  owned_ = sharded ? shard_range(layout_.padded_numel, rank, world_size)
+                   : ShardRange{0, layout_.padded_numel};
+
+  const auto opts = params[0].options().dtype(model_dtype);
+  // Zero-filled so the padding tail never carries garbage into norms or collectives.
+  params_ = at::zeros({layout_.padded_numel}, opts);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
+  }
+  grads_ = at::zeros({layout_.padded_numel}, opts);
+
+  const auto fp32 = params[0].options().dtype(at::kFloat);
+  if (model_dtype != at::kFloat) {
+    // Master weights seeded from the caller's fp32 values, not from the rounded 16-bit copy.
+    master_ = at::zeros({owned_.numel()}, fp32);
+    for (const auto& piece : intersect(layout_, owned_)) {
+      master_.narrow(0, piece.buffer_begin - owned_.begin, piece.numel)
+          .copy_(params[piece.index].reshape(-1).narrow(0, piece.tensor_begin, piece.numel));
+    }
+  }
+  for (int64_t i = 0; i < state_tensors(kind); ++i) {
+    const double fill = kind == OptimizerKind::adagrad ? initial_accumulator_value : 0.0;
+    state_.push_back(at::full({owned_.numel()}, fill, fp32));
+  }
+
+  accounted_[0] = params_.nbytes();
+  accounted_[1] = grads_.nbytes();
+  accounted_[2] = master_.defined() ? master_.nbytes() : 0;
+  for (const auto& s : state_) accounted_[3] += s.nbytes();
+  memory_.add(MemoryCategory::parameters, accounted_[0]);
+  memory_.add(MemoryCategory::gradients, accounted_[1]);
+  memory_.add(MemoryCategory::master_weights, accounted_[2]);
+  memory_.add(MemoryCategory::optimizer_state, accounted_[3]);
+}
+
+FlatGroup::~FlatGroup() {
+  memory_.release(MemoryCategory::parameters, accounted_[0]);
+  memory_.release(MemoryCategory::gradients, accounted_[1]);
+  memory_.release(MemoryCategory::master_weights, accounted_[2]);
+  memory_.release(MemoryCategory::optimizer_state, accounted_[3]);
+}
+
+std::vector<at::Tensor> FlatGroup::views(const at::Tensor& flat) const {
+  std::vector<at::Tensor> out;
+  out.reserve(shapes_.size());
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    out.push_back(flat.narrow(0, layout_.offsets[i], layout_.numels[i]).view(shapes_[i]));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> FlatGroup::param_views() const { return views(params_); }
+std::vector<at::Tensor> FlatGroup::grad_views() const { return views(grads_); }
+
+at::Tensor FlatGroup::master() const {
+  return master_.defined() ? master_ : params_.narrow(0, owned_.begin, owned_.numel());
+}
+
+void FlatGroup::write_back_master() {
+  if (master_.defined()) params_.narrow(0, owned_.begin, owned_.numel()).copy_(master_);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,59 @@
+// One parameter group flattened into contiguous buffers: the model-dtype parameters (the module's
+// parameters become views into it), the gradients (param.grad become views too), and the owned
+// range's fp32 master copy and optimizer state. Stage strategies decide which range a rank owns.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "runtime/config/config.h"
+#include "runtime/memory.h"
+#include "runtime/shard.h"
+
+namespace zeroshard {
+
+enum class OptimizerKind { adam, sgd, adagrad, lion };
+
+OptimizerKind optimizer_kind(const std::string& canonical_type);
+
+class FlatGroup {
+ public:
+  // `params` are the group's trainable tensors in fp32 (their values seed the master copy);
+  // the flat buffers are created in `model_dtype` on the params' device. `owned` is the slice of
+  // the padded buffer whose optimizer state lives on this rank.
+  FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
+            int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
+            OptimizerKind kind, double initial_accumulator_value, MemoryAccount& memory);
+  ~FlatGroup();
+  FlatGroup(const FlatGroup&) = delete;
+  FlatGroup& operator=(const FlatGroup&) = delete;
+
+  const FlatLayout& layout() const { return layout_; }
+  ShardRange owned() const { return owned_; }
+  at::Tensor params() const { return params_; }
+  at::Tensor grads() const { return grads_; }
+  // Views of the flat buffers shaped like the original tensors, for param.data / param.grad.
+  std::vector<at::Tensor> param_views() const;
+  std::vector<at::Tensor> grad_views() const;
+  // fp32 values of the owned range: the master copy, or the owned slice of the fp32 params.
+  at::Tensor master() const;
+  std::vector<at::Tensor>& state() { return state_; }
+  bool mixed_precision() const { return master_.defined(); }
+  // Copies the updated master range into the model-dtype params (mixed precision only).
+  void write_back_master();
+
+ private:
+  std::vector<at::Tensor> views(const at::Tensor& flat) const;
+
+  FlatLayout layout_;
+  std::vector<std::vector<int64_t>> shapes_;
+  ShardRange owned_;
+  at::Tensor params_;
+  at::Tensor grads_;
+  at::Tensor master_;
+  std::vector<at::Tensor> state_;
+  MemoryAccount& memory_;
+  int64_t accounted_[4] = {0, 0, 0, 0};
+};
+
+}  // namespace zeroshard

@@ -1,0 +1,190 @@
+// The stage 0/1 ZeRO optimizer; see optimizer.h.
+#include "zero/optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+namespace {
+// Shard starts aligned to 16 elements: 64 bytes of fp32, so vector kernels start on a cache line.
+constexpr int64_t kAlignmentNumel = 16;
+
+LossScalerOptions scaler_options(const Fp16Config& f) {
+  LossScalerOptions o;
+  o.dynamic = f.enabled && f.loss_scale == 0.0;
+  o.static_scale = f.enabled ? f.loss_scale : 1.0;
+  o.initial_scale = std::ldexp(1.0, int(f.initial_scale_power));
+  o.window = f.loss_scale_window;
+  o.hysteresis = f.hysteresis;
+  o.consecutive_hysteresis = f.consecutive_hysteresis;
+  o.min_scale = f.min_loss_scale;
+  return o;
+}
+
+at::ScalarType comm_dtype(const std::string& name) {
+  if (name.empty()) return at::ScalarType::Undefined;
+  if (name == "fp32") return at::kFloat;
+  if (name == "fp16") return at::kHalf;
+  if (name == "bf16") return at::kBFloat16;
+  throw ConfigError(detail::cat("communication_data_type: got \"", name,
+                                "\", expected one of fp32, fp16, bf16"));
+}
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
+                             const OptimizerConfig& optimizer,
+                             const std::vector<std::vector<at::Tensor>>& groups,
+                             at::ScalarType model_dtype)
+    : comm_(std::move(comm)),
+      config_(config),
+      optimizer_(optimizer),
+      strategy_(make_strategy(config.zero_optimization)),
+      scaler_(scaler_options(config.fp16)),
+      kind_(optimizer_kind(optimizer.type)) {
+  ZS_CHECK(comm_, "ZeroOptimizer: no communicator");
+  ZS_CHECK(!groups.empty(), "ZeroOptimizer: no parameter groups with trainable parameters");
+  const bool sharded = strategy_->shards_optimizer_state();
+  std::vector<FlatGroup*> raw;
+  for (const auto& params : groups) {
+    groups_.push_back(std::make_unique<FlatGroup>(
+        broadcast_from_rank0(params), model_dtype, comm_->world_size(), kAlignmentNumel,
+        comm_->rank(), sharded, kind_, optimizer_.initial_accumulator_value, memory_));
+    raw.push_back(groups_.back().get());
+  }
+  ReduceOptions ro;
+  ro.bucket_numel = config.zero_optimization.reduce_bucket_size;
+  ro.overlap_comm = config.zero_optimization.overlap_comm || config.zero_optimization.stage <= 1;
+  ro.prescale_gradients = config.prescale_gradients;
+  ro.gradient_predivide_factor = config.gradient_predivide_factor;
+  ro.comm_dtype = comm_dtype(config.communication_data_type);
+  reducer_ = std::make_unique<GradReducer>(raw, comm_, ro);
+  group_steps_.assign(groups_.size(), 0);
+}
+
+std::vector<at::Tensor> ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& params) {
+  if (comm_->world_size() == 1) return params;
+  // Every rank starts from rank 0's fp32 values (as DeepSpeed broadcasts the model at start), so
+  // master weights seeded locally agree everywhere. One flat broadcast per group, at full precision.
+  std::vector<at::Tensor> flat_pieces;
+  for (const auto& p : params) flat_pieces.push_back(p.detach().reshape(-1).to(at::kFloat));
+  at::Tensor flat = at::cat(flat_pieces);
+  comm_->broadcast(flat, 0, "initial parameters").wait();
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> ZeroOptimizer::param_views() const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& g : groups_) out.push_back(g->param_views());
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> ZeroOptimizer::grad_views() const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& g : groups_) out.push_back(g->grad_views());
+  return out;
+}
+
+std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
+  const bool check_overflow = config_.fp16.enabled;
+  double sum_sq = 0.0;
+  bool overflow = false;
+  for (const auto& g : groups_) {
+    at::Tensor owned = g->grads().narrow(0, g->owned().begin, g->owned().numel());
+    at::Tensor sq = at::linalg_vector_norm(owned, 2, {}, false, at::kFloat);
+    const double n = sq.item<double>();
+    sum_sq += n * n;
+  }
+  if (check_overflow) overflow = !std::isfinite(sum_sq);
+  if (strategy_->shards_optimizer_state() && comm_->world_size() > 1) {
+    // One small all-reduce carries both: the sum of squares, and the overflow flag as a max-able
+    // value would need a second collective, so an overflow is folded in as +inf.
+    at::Tensor t = at::full({1}, overflow ? INFINITY : sum_sq, at::TensorOptions().dtype(at::kDouble));
+    comm_->all_reduce(t, "gradient norm").wait();
+    sum_sq = t.item<double>();
+    if (check_overflow) overflow = !std::isfinite(sum_sq);
+  }
+  return {overflow, sum_sq};
+}
+
+void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale) {
+  const int64_t step = ++group_steps_[gi];
+  at::Tensor grad = g.grads().narrow(0, g.owned().begin, g.owned().numel());
+  at::Tensor g32 = grad.scalar_type() == at::kFloat && grad_scale == 1.0
+                       ? grad
+                       : grad.to(at::kFloat).mul_(grad_scale);
+  at::Tensor p = g.master();
+  auto& st = g.state();
+  const auto& oc = optimizer_;
+  switch (kind_) {
+    case OptimizerKind::adam: {
+      // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+      const bool adamw = oc.type == "AdamW" || oc.adam_w_mode;
+      ops::adam_step(p, g32, st[0], st[1],
+                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
+                      float(h.weight_decay), adamw, oc.bias_correction, step});
+      break;
+    }
+    case OptimizerKind::sgd:
+      ops::sgd_step(p, g32, st[0],
+                    {float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
+                     h.nesterov, step == 1});
+      break;
+    case OptimizerKind::adagrad:
+      ops::adagrad_step(p, g32, st[0],
+                        {float(h.lr), float(h.lr_decay), float(h.eps), float(h.weight_decay), step});
+      break;
+    case OptimizerKind::lion:
+      ops::lion_step(p, g32, st[0],
+                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.weight_decay)});
+      break;
+  }
+  g.write_back_master();
+}
+
+StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
+  ZS_CHECK(hypers.size() == groups_.size(), "ZeroOptimizer::step: got ", hypers.size(),
+           " hyperparameter sets for ", groups_.size(), " parameter groups");
+  StepResult r;
+  r.loss_scale = scaler_.scale();
+  reducer_->finish();
+  auto [overflow, sum_sq] = inspect_gradients();
+  const bool skip = scaler_.update(overflow);
+  if (skip) {
+    ++skipped_steps_;
+    r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
+    zero_grad();
+    return r;
+  }
+  r.grad_norm = std::sqrt(sum_sq) / r.loss_scale;
+  double clip = 1.0;
+  if (config_.gradient_clipping > 0.0) {
+    // The same coefficient as torch.nn.utils.clip_grad_norm_.
+    clip = std::min(1.0, config_.gradient_clipping / (r.grad_norm + 1e-6));
+  }
+  const double grad_scale = clip / r.loss_scale;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    apply(*groups_[i], int64_t(i), hypers[i], grad_scale);
+    strategy_->sync_params(*groups_[i], *comm_);
+  }
+  zero_grad();
+  ++global_steps_;
+  r.applied = true;
+  return r;
+}
+
+void ZeroOptimizer::zero_grad() {
+  for (auto& g : groups_) g->grads().zero_();
+}
+
+}  // namespace zeroshard

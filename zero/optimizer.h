@@ -1,0 +1,83 @@
+// The ZeRO optimizer for stages 0 and 1: owns the flat groups, the gradient reducer, the loss
+// scaler and the per-rank memory account, and runs the sharded step at the accumulation boundary.
+// Python's engine forwards gradient-hook events and step() calls here.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "runtime/comm.h"
+#include "runtime/config/config.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/memory.h"
+#include "zero/flat_group.h"
+#include "zero/grad_reducer.h"
+#include "zero/strategy.h"
+
+namespace zeroshard {
+
+// Per-group hyperparameters in force for one step (Python's param_groups, after the scheduler).
+struct GroupHyper {
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+  double lr_decay = 0.0;
+};
+
+struct StepResult {
+  bool applied = false;       // false when fp16 overflow skipped the step
+  double grad_norm = 0.0;     // global L2 norm of the averaged, unscaled gradients, before clipping
+  double loss_scale = 1.0;    // the scale used for this step's backward
+};
+
+class ZeroOptimizer {
+ public:
+  // `groups`: each parameter group's trainable tensors with their current (fp32) values.
+  // `optimizer`: the config's optimizer block, or the one a client torch optimizer maps to.
+  ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config, const OptimizerConfig& optimizer,
+                const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType model_dtype);
+
+  std::vector<std::vector<at::Tensor>> param_views() const;
+  std::vector<std::vector<at::Tensor>> grad_views() const;
+  int64_t num_params() const { return reducer_->num_params(); }
+
+  void grad_ready(int64_t param_index) { reducer_->grad_ready(param_index); }
+  // The factor backward multiplies the loss by (loss scale; 1 without fp16).
+  double loss_scale() const { return scaler_.scale(); }
+  StepResult step(const std::vector<GroupHyper>& hypers);
+  void zero_grad();
+
+  const MemoryAccount& memory() const { return memory_; }
+  int64_t stage() const { return strategy_->stage(); }
+  int64_t global_steps() const { return global_steps_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t num_buckets() const { return reducer_->num_buckets(); }
+  // fp32 values of the owned range of group g (for tests and checkpoints).
+  at::Tensor master(int64_t g) const { return groups_.at(g)->master(); }
+
+ private:
+  // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the
+  // state is sharded.
+  std::pair<bool, double> inspect_gradients();
+  std::vector<at::Tensor> broadcast_from_rank0(const std::vector<at::Tensor>& params);
+  void apply(FlatGroup& g, int64_t group_index, const GroupHyper& h, double grad_scale);
+
+  std::shared_ptr<Comm> comm_;
+  Config config_;
+  OptimizerConfig optimizer_;
+  MemoryAccount memory_;
+  std::unique_ptr<ZeroStrategy> strategy_;
+  std::vector<std::unique_ptr<FlatGroup>> groups_;
+  std::unique_ptr<GradReducer> reducer_;
+  LossScaler scaler_;
+  OptimizerKind kind_;
+  std::vector<int64_t> group_steps_;
+  int64_t global_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+};
+
+}  // namespace zeroshard

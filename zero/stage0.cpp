@@ -1,0 +1,17 @@
+// ZeRO stage 0: plain data parallelism. Every rank holds everything and applies the same step to
+// the same averaged gradients, so nothing needs gathering afterwards.
+#include "zero/strategy.h"
+
+namespace zeroshard {
+namespace {
+class Stage0 final : public ZeroStrategy {
+ public:
+  int64_t stage() const override { return 0; }
+  bool shards_optimizer_state() const override { return false; }
+  void sync_params(FlatGroup&, Comm&) override {}
+};
+}  // namespace
+
+std::unique_ptr<ZeroStrategy> make_stage0() { return std::make_unique<Stage0>(); }
+
+}  // namespace zeroshard
