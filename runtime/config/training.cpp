@@ -1,0 +1,273 @@
+// Top-level training keys: the batch triplet (and DeepSpeed's reconciliation of it), the optimizer,
+// fp16/bf16 and the scalar knobs. Defaults are DeepSpeed's code defaults (runtime/constants.py).
+#include <algorithm>
+#include <cctype>
+
+#include "runtime/config/blocks.h"
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+namespace config {
+
+namespace {
+
+const char* kBatchKeys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                            "gradient_accumulation_steps"};
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// betas: exactly two numbers in [0, 1), as torch.optim checks.
+void read_betas(Block& p, double def1, double def2, double* b1, double* b2) {
+  p.note_if_auto("betas", json::array({def1, def2}));
+  const json* v = p.raw("betas");
+  *b1 = def1, *b2 = def2;
+  if (v) {
+    if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
+      p.fail("betas", "got " + show_typed(*v) + ", expected an array of 2 numbers");
+    *b1 = (*v)[0].get<double>(), *b2 = (*v)[1].get<double>();
+    if (!(*b1 >= 0 && *b1 < 1 && *b2 >= 0 && *b2 < 1))
+      p.fail("betas", "got " + show(*v) + ", expected 2 numbers in [0, 1)");
+  }
+  p.out()["betas"] = json::array({*b1, *b2});
+}
+
+}  // namespace
+
+void read_batch(Block& top, Config& c) {
+  std::optional<int64_t>* slots[] = {&c.batch_as_written.train_batch_size,
+                                     &c.batch_as_written.train_micro_batch_size_per_gpu,
+                                     &c.batch_as_written.gradient_accumulation_steps};
+  for (int i = 0; i < 3; ++i) {
+    // "auto" behaves as absent: the key is derived from the others by resolve_batch.
+    if (top.is_auto(kBatchKeys[i])) c.batch_auto.push_back(kBatchKeys[i]);
+    *slots[i] = top.get_opt_int(kBatchKeys[i], 1);
+  }
+  c.batch = c.batch_as_written;
+}
+
+void read_optimizer(Block& top, Config& c) {
+  Block ob = top.child("optimizer");
+  OptimizerConfig& o = c.optimizer;
+  if (!ob.present()) {
+    top.out()["optimizer"] = nullptr;
+    return;
+  }
+  o.present = true;
+  static const std::vector<std::string> kSupported = {"Adam", "AdamW", "SGD", "Adagrad", "Lion"};
+  // DeepSpeed optimizers that zeroshard does not implement: named so the error says so.
+  static const std::vector<std::string> kDeepSpeedOnly = {
+      "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon"};
+  const json* t = ob.raw("type");
+  if (!t) ob.fail("type", "missing, expected one of " + quoted_list(kSupported));
+  if (!t->is_string()) ob.fail("type", "got " + show_typed(*t) + ", expected one of " + quoted_list(kSupported));
+  std::string name = lower(t->get<std::string>());
+  auto match = [&](const std::vector<std::string>& names) {
+    return std::find_if(names.begin(), names.end(), [&](const std::string& n) { return lower(n) == name; });
+  };
+  if (auto it = match(kSupported); it != kSupported.end()) {
+    o.type = *it;
+  } else if (auto it2 = match(kDeepSpeedOnly); it2 != kDeepSpeedOnly.end()) {
+    ob.fail("type", "got " + show(*t) + ", expected one of " + quoted_list(kSupported) + " (" + *it2 +
+                        ": not supported by zeroshard)");
+  } else {
+    ob.fail("type", "got " + show(*t) + ", expected one of " + quoted_list(kSupported));
+  }
+  ob.out()["type"] = o.type;
+  // legacy_fusion picks DeepSpeed's old fused fp16 optimizer path; there is no such path here.
+  if (ob.get_bool("legacy_fusion", false))
+    top.ctx().warn_ignored(ob.path_of("legacy_fusion"), true, "zeroshard has one fp16 optimizer path");
+
+  Block p = ob.child("params");
+  if (p.present() && p.raw("max_grad_norm")) {
+    p.fail("max_grad_norm", "not an optimizer parameter; use the top-level \"gradient_clipping\"");
+  }
+  o.beta1 = o.beta2 = 0;  // set per type below; unused by SGD/Adagrad
+  if (o.type == "Adam" || o.type == "AdamW") {
+    // DeepSpeed builds FusedAdam/DeepSpeedCPUAdam (weight_decay 0) unless torch_adam picks
+    // torch.optim.Adam/AdamW, whose AdamW default is 0.01.
+    o.torch_adam = p.get_bool("torch_adam", false);
+    o.lr = p.get_number("lr", 1e-3, 0);
+    read_betas(p, 0.9, 0.999, &o.beta1, &o.beta2);
+    o.eps = p.get_number("eps", 1e-8, 0);
+    o.weight_decay = p.get_number("weight_decay", o.type == "AdamW" && o.torch_adam ? 1e-2 : 0.0, 0);
+    o.bias_correction = p.get_bool("bias_correction", true);
+    o.adam_w_mode = p.get_bool("adam_w_mode", true);
+    if (o.type == "AdamW" && !o.adam_w_mode) {
+      // DeepSpeed forces decoupled decay for "AdamW" whatever adam_w_mode says; do the same, visibly.
+      top.ctx().note("warning: " + p.path_of("adam_w_mode") +
+                     ": got false, accepted and ignored: \"AdamW\" always decouples weight decay "
+                     "(use \"Adam\" with adam_w_mode false for L2)");
+      o.adam_w_mode = true;
+      p.out()["adam_w_mode"] = true;
+    }
+    p.reject_unless_default("amsgrad", false, "AMSGrad");
+    o.amsgrad = false;
+  } else if (o.type == "SGD") {
+    o.lr = p.get_number("lr", 1e-3, 0);
+    o.momentum = p.get_number("momentum", 0.0, 0);
+    o.dampening = p.get_number("dampening", 0.0);
+    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
+    o.nesterov = p.get_bool("nesterov", false);
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      p.fail("nesterov", "got true, expected false unless momentum > 0 and dampening is 0");
+  } else if (o.type == "Adagrad") {
+    o.lr = p.get_number("lr", 1e-2, 0);
+    o.lr_decay = p.get_number("lr_decay", 0.0, 0);
+    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
+    o.initial_accumulator_value = p.get_number("initial_accumulator_value", 0.0, 0);
+    o.eps = p.get_number("eps", 1e-10, 0);
+  } else {  // Lion
+    o.lr = p.get_number("lr", 1e-4, 0);
+    read_betas(p, 0.9, 0.99, &o.beta1, &o.beta2);
+    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
+  }
+  // A parameter of another optimizer (betas for SGD) is a likelier mistake than a typo: say so.
+  static const std::vector<std::string> kAllParams = {
+      "lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam",
+      "momentum", "dampening", "nesterov", "lr_decay", "initial_accumulator_value"};
+  for (const auto& k : kAllParams)
+    if (!p.out().contains(k) && p.has(k)) {
+      std::vector<std::string> takes;
+      for (auto it = p.out().begin(); it != p.out().end(); ++it) takes.push_back(it.key());
+      p.fail(k, "not a parameter of " + o.type + "; expected one of " + quoted_list(takes));
+    }
+  p.finish();
+  ob.finish();
+}
+
+void read_precision(Block& top, Config& c) {
+  Block f = top.child("fp16");
+  c.fp16.enabled = f.get_bool("enabled", false);
+  c.fp16.auto_cast = f.get_bool("auto_cast", false);
+  c.fp16.loss_scale = f.get_number("loss_scale", 0.0, 0);
+  c.fp16.initial_scale_power = f.get_int("initial_scale_power", 16, 0, 127);
+  c.fp16.loss_scale_window = f.get_int("loss_scale_window", 1000, 1);
+  c.fp16.hysteresis = f.get_int("hysteresis", 2, 1);
+  c.fp16.consecutive_hysteresis = f.get_bool("consecutive_hysteresis", false);
+  c.fp16.min_loss_scale = f.get_number("min_loss_scale", 1.0, 0);
+  f.reject_unless_default("fp16_master_weights_and_grads", false, "fp16 master weights");
+  f.finish();
+
+  // "bfloat16" is DeepSpeed's old name for the block; both at once would be ambiguous.
+  const json* bf16 = top.raw("bf16");
+  const json* old = top.raw("bfloat16");
+  if (bf16 && old) top.fail("bfloat16", "given together with \"bf16\"; it is the old name of the same block, keep one");
+  Block b(bf16 ? bf16 : old, bf16 ? "bf16" : (old ? "bfloat16" : "bf16"), top.ctx(), top.out()["bf16"]);
+  c.bf16.enabled = b.get_bool("enabled", false);
+  c.bf16.immediate_grad_update = b.get_bool("immediate_grad_update", false);
+  b.reject_unless_default("check_grad_overflow", false, "bf16 overflow checking");
+  b.reject_unless_default("bf16_master_weights_and_grads", false, "bf16 master weights");
+  b.reject_unless_default("bf16_optimizer_states", false, "bf16 optimizer states");
+  b.finish();
+  if (c.fp16.enabled && c.bf16.enabled)
+    b.fail("enabled", "got true, expected false when fp16.enabled is true (fp16 and bf16 are mutually exclusive)");
+}
+
+void read_training_scalars(Block& top, Config& c) {
+  c.gradient_clipping = top.get_number("gradient_clipping", 0.0, 0);
+  // DeepSpeed's code default is None (never print); 10 is its documented default and more useful.
+  c.steps_per_print = top.get_int("steps_per_print", 10, 1);
+  c.prescale_gradients = top.get_bool("prescale_gradients", false);
+  c.gradient_predivide_factor = top.get_number("gradient_predivide_factor", 1.0, 0);
+  if (c.gradient_predivide_factor == 0)
+    top.fail("gradient_predivide_factor", "got 0, expected a number > 0");
+  c.communication_data_type = read_dtype(top, "communication_data_type");
+  c.zero_allow_untested_optimizer = top.get_bool("zero_allow_untested_optimizer", false);
+  c.zero_force_ds_cpu_optimizer = top.get_bool("zero_force_ds_cpu_optimizer", true);
+  c.dataloader_drop_last = top.get_bool("dataloader_drop_last", false);
+  top.reject_unless_default("sparse_gradients", false, "sparse gradients");
+  // Reporting-only switches: accepted so DeepSpeed configs load, noted so nobody waits for output.
+  c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", false);
+  if (c.wall_clock_breakdown)
+    top.ctx().warn_ignored("wall_clock_breakdown", true, "zeroshard does not print per-phase timers");
+  c.memory_breakdown = top.get_bool("memory_breakdown", false);
+  if (c.memory_breakdown)
+    top.ctx().warn_ignored("memory_breakdown", true, "zeroshard does not print DeepSpeed's memory usage lines");
+  c.dump_state = top.get_bool("dump_state", false);
+  if (c.dump_state) top.ctx().warn_ignored("dump_state", true, "zeroshard does not dump engine state");
+}
+
+std::string read_dtype(Block& b, const std::string& key) {
+  static const std::vector<std::string> kCanonical = {"fp32", "fp16", "bf16"};
+  b.note_if_auto(key, nullptr);
+  const json* v = b.raw(key);
+  if (!v) {
+    b.out()[key] = nullptr;
+    return "";
+  }
+  if (!v->is_string()) b.fail(key, "got " + show_typed(*v) + ", expected one of " + quoted_list(kCanonical));
+  // DeepSpeed's DtypeEnum spellings.
+  std::string s = lower(v->get<std::string>());
+  std::string r = s == "fp32" || s == "float32" || s == "float" || s == "torch.float32"   ? "fp32"
+                  : s == "fp16" || s == "float16" || s == "half" || s == "torch.float16"  ? "fp16"
+                  : s == "bf16" || s == "bfloat16" || s == "torch.bfloat16"               ? "bf16"
+                                                                                          : "";
+  if (r.empty()) b.fail(key, "got " + show(*v) + ", expected one of " + quoted_list(kCanonical));
+  b.out()[key] = r;
+  return r;
+}
+
+}  // namespace config
+
+ResolvedBatch Config::resolve_batch(int64_t dp_world_size) {
+  auto fail = [&](const std::string& what) { throw ConfigError(config::source_prefix(source) + what); };
+  if (dp_world_size < 1)
+    fail("data-parallel world size: got " + std::to_string(dp_world_size) + ", expected an integer >= 1");
+  const auto w = dp_world_size;
+  const std::string W = "data-parallel world size " + std::to_string(w);
+  auto tbs = batch_as_written.train_batch_size;
+  auto mbs = batch_as_written.train_micro_batch_size_per_gpu;
+  auto gas = batch_as_written.gradient_accumulation_steps;
+  std::string T = tbs ? "train_batch_size " + std::to_string(*tbs) : "";
+  std::string M = mbs ? "train_micro_batch_size_per_gpu " + std::to_string(*mbs) : "";
+  std::string G = gas ? "gradient_accumulation_steps " + std::to_string(*gas) : "";
+  auto divisible = [&](int64_t divisor, const std::string& what) {
+    if (*tbs % divisor != 0)
+      fail(T + " is not divisible by " + what + " = " + std::to_string(divisor));
+  };
+  std::vector<std::string> defaulted;  // keys that took the fallback value 1
+  // DeepSpeed's rules (runtime/config.py, _set_batch_related_parameters), with the remainders it
+  // drops through integer division reported instead.
+  if (tbs && mbs && gas) {
+    if (*tbs != *mbs * *gas * w)
+      fail(T + " != " + M + " * " + G + " * " + W + " = " + std::to_string(*mbs * *gas * w));
+  } else if (tbs && mbs) {
+    divisible(*mbs * w, M + " * " + W);
+    gas = *tbs / (*mbs * w);
+  } else if (tbs && gas) {
+    divisible(*gas * w, G + " * " + W);
+    mbs = *tbs / (*gas * w);
+  } else if (mbs && gas) {
+    tbs = *mbs * *gas * w;
+  } else if (tbs) {
+    divisible(w, W);
+    gas = 1, mbs = *tbs / w;
+    defaulted.push_back("gradient_accumulation_steps");
+  } else if (mbs || std::count(batch_auto.begin(), batch_auto.end(), "train_micro_batch_size_per_gpu")) {
+    // An "auto" micro batch with nothing to derive it from takes the default 1.
+    if (!mbs) mbs = 1, defaulted.push_back("train_micro_batch_size_per_gpu");
+    if (!gas) gas = 1, defaulted.push_back("gradient_accumulation_steps");
+    tbs = *mbs * *gas * w;
+  } else {
+    fail("train_batch_size or train_micro_batch_size_per_gpu must be given (" +
+         (gas ? G + " alone is not enough" : std::string("neither is set")) + ")");
+  }
+  batch = {tbs, mbs, gas};
+  const int64_t values[] = {*tbs, *mbs, *gas};
+  config::Context ctx(source, &notes);
+  for (int i = 0; i < 3; ++i) {
+    resolved[config::kBatchKeys[i]] = values[i];
+    if (std::count(batch_auto.begin(), batch_auto.end(), config::kBatchKeys[i])) {
+      bool dflt = std::count(defaulted.begin(), defaulted.end(), config::kBatchKeys[i]) > 0;
+      ctx.note("\"" + std::string(config::kBatchKeys[i]) + "\": \"auto\" -> " + std::to_string(values[i]) +
+               (dflt ? " (default)" : " (derived)"));
+    }
+  }
+  return {*tbs, *mbs, *gas};
+}
+
+}  // namespace zeroshard
