@@ -1,0 +1,182 @@
+// Tensor -> pointer seam for the optimizer kernels; see ops.h. Checks say what is allowed.
+#include "kernels/ops.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu_isa.h"
+#ifdef ZEROSHARD_WITH_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
+namespace zeroshard::ops {
+
+namespace {
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "an undefined tensor";
+  return std::string(c10::toString(t.scalar_type())) + (t.is_contiguous() ? "" : " non-contiguous") +
+         " tensor of " + std::to_string(t.numel()) + " elements on " + t.device().str();
+}
+
+void check(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* name,
+           bool allow_half = false) {
+  const auto st = t.defined() ? t.scalar_type() : at::kFloat;
+  const bool dtype_ok = st == at::kFloat || (allow_half && (st == at::kBFloat16 || st == at::kHalf));
+  if (!t.defined() || !dtype_ok || !t.is_contiguous() || t.numel() != ref.numel() ||
+      t.device() != ref.device()) {
+    throw std::invalid_argument(std::string(op) + ": " + name + " must be a contiguous " +
+                                (allow_half ? "float32, bfloat16 or float16" : "float32") +
+                                " tensor with " + std::to_string(ref.numel()) + " elements on " +
+                                ref.device().str() + "; got " + describe(t));
+  }
+}
+
+kernels::Half half_kind(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBFloat16) return kernels::Half::bf16;
+  if (t.scalar_type() == at::kHalf) return kernels::Half::fp16;
+  return kernels::Half::none;
+}
+
+// The optional 16-bit parameter copy.
+kernels::HalfOut half_out(const at::Tensor& p16, const at::Tensor& ref, const char* op) {
+  if (!p16.defined()) return {};
+  const auto k = half_kind(p16);
+  if (k == kernels::Half::none || !p16.is_contiguous() || p16.numel() != ref.numel() ||
+      p16.device() != ref.device())
+    throw std::invalid_argument(std::string(op) + ": param16 must be a contiguous bfloat16 or float16 tensor with " +
+                                std::to_string(ref.numel()) + " elements on " + ref.device().str() +
+                                "; got " + describe(p16));
+  return {reinterpret_cast<uint16_t*>(p16.data_ptr()), k};
+}
+
+void ok(kernels::Status s, const char* op) {
+  if (s != kernels::Status::ok)
+    throw std::runtime_error(std::string(op) + ": " + kernels::status_message(s));
+}
+
+// ATen fallback for devices without kernels: same arithmetic, several passes.
+void write_half(const at::Tensor& param, const at::Tensor& p16) {
+  if (p16.defined()) p16.copy_(param);
+}
+
+}  // namespace
+
+void adam_step(at::Tensor param, const at::Tensor& grad, at::Tensor m, at::Tensor v,
+               const kernels::AdamParams& p, const at::Tensor& param16) {
+  check(param, param, "adam_step", "param");
+  check(grad, param, "adam_step", "grad", /*allow_half=*/true);
+  check(m, param, "adam_step", "exp_avg");
+  check(v, param, "adam_step", "exp_avg_sq");
+  const kernels::HalfOut out = half_out(param16, param, "adam_step");
+  if (param.is_cpu()) {
+    const auto gk = half_kind(grad);
+    if (gk == kernels::Half::none)
+      ok(kernels::adam_step(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
+                            v.data_ptr<float>(), param.numel(), p, out), "adam_step");
+    else
+      ok(kernels::adam_step(param.data_ptr<float>(), reinterpret_cast<const uint16_t*>(grad.data_ptr()),
+                            gk, m.data_ptr<float>(), v.data_ptr<float>(), param.numel(), p, out),
+         "adam_step");
+    return;
+  }
+#ifdef ZEROSHARD_WITH_CUDA
+  if (param.is_cuda()) {
+    cuda_adam_step(param, grad, m, v, p, param16);
+    return;
+  }
+#endif
+  const double bc1 = p.bias_correction ? 1.0 - std::pow(double(p.beta1), double(p.step)) : 1.0;
+  const double bc2 = p.bias_correction ? 1.0 - std::pow(double(p.beta2), double(p.step)) : 1.0;
+  at::Tensor g = grad.to(at::kFloat);
+  if (p.grad_scale != 1.0f) g = g.mul(p.grad_scale);
+  if (p.weight_decay != 0.0f) {
+    if (p.adamw_mode) param.mul_(1.0 - double(p.lr) * p.weight_decay);
+    else g = g.add(param, p.weight_decay);
+  }
+  m.mul_(p.beta1).add_(g, 1.0 - p.beta1);
+  v.mul_(p.beta2).addcmul_(g, g, 1.0 - p.beta2);
+  param.addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(p.eps), -double(p.lr) / bc1);
+  write_half(param, param16);
+}
+
+void sgd_step(at::Tensor param, const at::Tensor& grad, at::Tensor buf, const kernels::SgdParams& p,
+              const at::Tensor& param16) {
+  check(param, param, "sgd_step", "param");
+  check(grad, param, "sgd_step", "grad");
+  if (p.momentum != 0.0f) check(buf, param, "sgd_step", "momentum_buffer");
+  const kernels::HalfOut out = half_out(param16, param, "sgd_step");
+  if (param.is_cpu()) {
+    ok(kernels::sgd_step(param.data_ptr<float>(), grad.data_ptr<float>(),
+                         p.momentum != 0.0f ? buf.data_ptr<float>() : nullptr, param.numel(), p, out),
+       "sgd_step");
+    return;
+  }
+  at::Tensor g = grad.add(param, p.weight_decay);
+  if (p.momentum != 0.0f) {
+    if (p.first_step) buf.copy_(g);
+    else buf.mul_(p.momentum).add_(g, 1.0 - p.dampening);
+    g = p.nesterov ? g.add(buf, p.momentum) : buf;
+  }
+  param.add_(g, -double(p.lr));
+  write_half(param, param16);
+}
+
+void adagrad_step(at::Tensor param, const at::Tensor& grad, at::Tensor sum,
+                  const kernels::AdagradParams& p, const at::Tensor& param16) {
+  check(param, param, "adagrad_step", "param");
+  check(grad, param, "adagrad_step", "grad");
+  check(sum, param, "adagrad_step", "sum");
+  const kernels::HalfOut out = half_out(param16, param, "adagrad_step");
+  if (param.is_cpu()) {
+    ok(kernels::adagrad_step(param.data_ptr<float>(), grad.data_ptr<float>(), sum.data_ptr<float>(),
+                             param.numel(), p, out), "adagrad_step");
+    return;
+  }
+  const double clr = p.lr / (1.0 + double(p.step - 1) * p.lr_decay);
+  at::Tensor g = grad.add(param, p.weight_decay);
+  sum.addcmul_(g, g, 1.0);
+  param.addcdiv_(g, sum.sqrt().add_(p.eps), -clr);
+  write_half(param, param16);
+}
+
+void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor m, const kernels::LionParams& p,
+               const at::Tensor& param16) {
+  check(param, param, "lion_step", "param");
+  check(grad, param, "lion_step", "grad");
+  check(m, param, "lion_step", "exp_avg");
+  const kernels::HalfOut out = half_out(param16, param, "lion_step");
+  if (param.is_cpu()) {
+    ok(kernels::lion_step(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
+                          param.numel(), p, out), "lion_step");
+    return;
+  }
+  at::Tensor c = m.mul(p.beta1).add_(grad, 1.0 - p.beta1);
+  param.mul_(1.0 - double(p.lr) * p.weight_decay).add_(c.sign_(), -double(p.lr));
+  m.mul_(p.beta2).add_(grad, 1.0 - p.beta2);
+  write_half(param, param16);
+}
+
+kernels::GradStats grad_stats(const at::Tensor& grad) {
+  check(grad, grad, "grad_stats", "grad", /*allow_half=*/true);
+  kernels::GradStats st;
+  if (grad.is_cpu()) {
+    const auto k = half_kind(grad);
+    if (k == kernels::Half::none) ok(kernels::grad_stats(grad.data_ptr<float>(), grad.numel(), &st), "grad_stats");
+    else ok(kernels::grad_stats(reinterpret_cast<const uint16_t*>(grad.data_ptr()), k, grad.numel(), &st), "grad_stats");
+    return st;
+  }
+#ifdef ZEROSHARD_WITH_CUDA
+  if (grad.is_cuda()) return cuda_grad_stats(grad);
+#endif
+  st.sum_sq = grad.to(at::kDouble).square().sum().item<double>();
+  st.finite = std::isfinite(st.sum_sq);
+  return st;
+}
+
+const char* cpu_isa_name() { return kernels::isa_name(kernels::cpu_isa()); }
+
+}  // namespace zeroshard::ops

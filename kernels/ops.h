@@ -1,0 +1,29 @@
+// The only place where tensors become raw pointers for the kernels. Callers pass flat tensors of
+// equal length: fp32 parameters and optimizer state; gradients in fp32, or (Adam, the fused
+// offload step) bf16 / fp16; optionally a bf16 / fp16 tensor that receives the updated
+// parameters in the same pass. CPU tensors run the SIMD CPU kernels, CUDA tensors the CUDA
+// kernels when built with them, anything else ATen math with the same arithmetic.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "kernels/cpu_optimizers.h"
+
+namespace zeroshard::ops {
+
+// param16: undefined for none, else a contiguous bf16/fp16 tensor of param.numel() elements.
+void adam_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
+               const kernels::AdamParams& p, const at::Tensor& param16 = {});
+void sgd_step(at::Tensor param, const at::Tensor& grad, at::Tensor momentum_buffer,
+              const kernels::SgdParams& p, const at::Tensor& param16 = {});
+void adagrad_step(at::Tensor param, const at::Tensor& grad, at::Tensor sum,
+                  const kernels::AdagradParams& p, const at::Tensor& param16 = {});
+void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg,
+               const kernels::LionParams& p, const at::Tensor& param16 = {});
+
+// One read of a gradient (fp32, bf16 or fp16): sum of squares in double and whether all finite.
+kernels::GradStats grad_stats(const at::Tensor& grad);
+
+// Name of the CPU ISA the kernels use now ("avx512", "avx2", "scalar").
+const char* cpu_isa_name();
+
+}  // namespace zeroshard::ops
