@@ -9,7 +9,10 @@
 
 #include "kernels/cpu_isa.h"
 #ifdef ZEROSHARD_WITH_CUDA
-#include "kernels/ops_cuda.h"
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/cuda_kernels.h"
 #endif
 
 namespace zeroshard::ops {
@@ -62,6 +65,42 @@ void ok(kernels::Status s, const char* op) {
 void write_half(const at::Tensor& param, const at::Tensor& p16) {
   if (p16.defined()) p16.copy_(param);
 }
+
+#ifdef ZEROSHARD_WITH_CUDA
+// The CUDA launcher: kernels run on the caller's current stream, so they order after the
+// backward pass that produced the gradients without any extra synchronisation.
+void cuda_ok(cudaError_t e, const char* op) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(op) + ": " + cudaGetErrorString(e));
+}
+
+void cuda_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                    const kernels::AdamParams& p, const at::Tensor& param16) {
+  const c10::cuda::CUDAGuard guard(param.device());
+  kernels::cuda::AdamTensor t;
+  t.param = param.data_ptr<float>();
+  t.grad = grad.data_ptr();
+  t.exp_avg = m.data_ptr<float>();
+  t.exp_avg_sq = v.data_ptr<float>();
+  t.param16 = param16.defined() ? param16.data_ptr() : nullptr;
+  t.n = param.numel();
+  cuda_ok(kernels::cuda::multi_tensor_adam(&t, 1, half_kind(grad),
+                                           param16.defined() ? half_kind(param16) : kernels::Half::none,
+                                           p, c10::cuda::getCurrentCUDAStream().stream()),
+          "adam_step (CUDA)");
+}
+
+kernels::GradStats cuda_grad_stats(const at::Tensor& grad) {
+  const c10::cuda::CUDAGuard guard(grad.device());
+  at::Tensor acc = at::zeros({1}, grad.options().dtype(at::kDouble));
+  cuda_ok(kernels::cuda::sum_squares(grad.data_ptr(), half_kind(grad), grad.numel(),
+                                     acc.data_ptr<double>(), c10::cuda::getCurrentCUDAStream().stream()),
+          "grad_stats (CUDA)");
+  kernels::GradStats st;
+  st.sum_sq = acc.item<double>();   // the caller asked for a host value: this syncs once
+  st.finite = std::isfinite(st.sum_sq);
+  return st;
+}
+#endif
 
 }  // namespace
 
