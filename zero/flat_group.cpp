@@ -98,8 +98,5 @@ at::Tensor FlatGroup::master() const {
   return master_.defined() ? master_ : params_.narrow(0, owned_.begin, owned_.numel());
 }
 
-void FlatGroup::write_back_master() {
-  if (master_.defined()) params_.narrow(0, owned_.begin, owned_.numel()).copy_(master_);
-}
 
 }  // namespace zeroshard

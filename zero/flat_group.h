@@ -39,8 +39,6 @@ class FlatGroup {
   at::Tensor master() const;
   std::vector<at::Tensor>& state() { return state_; }
   bool mixed_precision() const { return master_.defined(); }
-  // Copies the updated master range into the model-dtype params (mixed precision only).
-  void write_back_master();
 
  private:
   std::vector<at::Tensor> views(const at::Tensor& flat) const;

@@ -96,60 +96,67 @@ std::vector<std::vector<at::Tensor>> ZeroOptimizer::grad_views() const {
 }
 
 std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
-  const bool check_overflow = config_.fp16.enabled;
+  // One read of the owned gradients (in their own 16-bit or fp32 dtype) gives both the sum of
+  // squares and the inf/nan flag; nothing is converted or allocated.
   double sum_sq = 0.0;
-  bool overflow = false;
+  bool finite = true;
   for (const auto& g : groups_) {
-    at::Tensor owned = g->grads().narrow(0, g->owned().begin, g->owned().numel());
-    at::Tensor sq = at::linalg_vector_norm(owned, 2, {}, false, at::kFloat);
-    const double n = sq.item<double>();
-    sum_sq += n * n;
+    const auto stats = ops::grad_stats(g->grads().narrow(0, g->owned().begin, g->owned().numel()));
+    sum_sq += stats.sum_sq;
+    finite = finite && stats.finite;
   }
-  if (check_overflow) overflow = !std::isfinite(sum_sq);
+  if (!finite) sum_sq = INFINITY;
   if (strategy_->shards_optimizer_state() && comm_->world_size() > 1) {
-    // One small all-reduce carries both: the sum of squares, and the overflow flag as a max-able
-    // value would need a second collective, so an overflow is folded in as +inf.
-    at::Tensor t = at::full({1}, overflow ? INFINITY : sum_sq, at::TensorOptions().dtype(at::kDouble));
+    // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
+    at::Tensor t = at::full({1}, sum_sq, at::TensorOptions().dtype(at::kDouble));
     comm_->all_reduce(t, "gradient norm").wait();
     sum_sq = t.item<double>();
-    if (check_overflow) overflow = !std::isfinite(sum_sq);
   }
+  // Only fp16 skips steps; bf16 and fp32 apply them as DeepSpeed does.
+  const bool overflow = config_.fp16.enabled && !std::isfinite(sum_sq);
   return {overflow, sum_sq};
 }
 
 void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale) {
   const int64_t step = ++group_steps_[gi];
-  at::Tensor grad = g.grads().narrow(0, g.owned().begin, g.owned().numel());
+  const ShardRange own = g.owned();
+  at::Tensor grad = g.grads().narrow(0, own.begin, own.numel());
+  at::Tensor p = g.master();
+  // Mixed precision: the kernels write the updated 16-bit parameters in the same pass.
+  at::Tensor p16 = g.mixed_precision() ? g.params().narrow(0, own.begin, own.numel()) : at::Tensor();
+  auto& st = g.state();
+  const auto& oc = optimizer_;
+  if (kind_ == OptimizerKind::adam) {
+    // The fused step: reads 16-bit (or fp32) gradients, unscales and clips through grad_scale.
+    kernels::AdamParams ap{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
+                           float(h.weight_decay),
+                           // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+                           oc.type == "AdamW" || oc.adam_w_mode, oc.bias_correction, step};
+    ap.grad_scale = float(grad_scale);
+    ops::adam_step(p, grad, st[0], st[1], ap, p16);
+    return;
+  }
   at::Tensor g32 = grad.scalar_type() == at::kFloat && grad_scale == 1.0
                        ? grad
                        : grad.to(at::kFloat).mul_(grad_scale);
-  at::Tensor p = g.master();
-  auto& st = g.state();
-  const auto& oc = optimizer_;
   switch (kind_) {
-    case OptimizerKind::adam: {
-      // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
-      const bool adamw = oc.type == "AdamW" || oc.adam_w_mode;
-      ops::adam_step(p, g32, st[0], st[1],
-                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
-                      float(h.weight_decay), adamw, oc.bias_correction, step});
-      break;
-    }
     case OptimizerKind::sgd:
       ops::sgd_step(p, g32, st[0],
                     {float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
-                     h.nesterov, step == 1});
+                     h.nesterov, step == 1}, p16);
       break;
     case OptimizerKind::adagrad:
       ops::adagrad_step(p, g32, st[0],
-                        {float(h.lr), float(h.lr_decay), float(h.eps), float(h.weight_decay), step});
+                        {float(h.lr), float(h.lr_decay), float(h.eps), float(h.weight_decay), step},
+                        p16);
       break;
     case OptimizerKind::lion:
       ops::lion_step(p, g32, st[0],
-                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.weight_decay)});
+                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.weight_decay)}, p16);
+      break;
+    case OptimizerKind::adam:
       break;
   }
-  g.write_back_master();
 }
 
 StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {

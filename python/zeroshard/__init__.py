@@ -1,13 +1,31 @@
 """zeroshard: ZeRO sharding, offload and pipeline runtime for PyTorch, driven by DeepSpeed's
-ds_config.json. DeepSpeed scripts run unchanged with `import zeroshard as deepspeed`."""
+ds_config.json. DeepSpeed scripts run unchanged with `import zeroshard as deepspeed`.
+
+Names are imported on first use, so the `zeroshard` launcher starts without importing torch."""
+import importlib
 
 __version__ = "0.1.0"
 
-from zeroshard.comm import init_distributed  # noqa: E402
-from zeroshard.config import add_config_arguments  # noqa: E402
-from zeroshard.engine import ZeroShardEngine, initialize  # noqa: E402
+# public name -> (module, attribute)
+_LAZY = {
+    "initialize": ("zeroshard.engine", "initialize"),
+    "ZeroShardEngine": ("zeroshard.engine", "ZeroShardEngine"),
+    "DeepSpeedEngine": ("zeroshard.engine", "ZeroShardEngine"),
+    "init_distributed": ("zeroshard.comm", "init_distributed"),
+    "add_config_arguments": ("zeroshard.config", "add_config_arguments"),
+}
 
-DeepSpeedEngine = ZeroShardEngine
+__all__ = sorted(_LAZY) + ["__version__"]
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "ZeroShardEngine",
-           "DeepSpeedEngine", "__version__"]
+
+def __getattr__(name):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'zeroshard' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__
