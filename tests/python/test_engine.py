@@ -1,0 +1,243 @@
+"""The engine's API and bookkeeping around the numerics: memory accounting, fp16 loss scaling,
+param groups, client optimizers, schedulers, the data loader, errors, the log line."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness import run_distributed
+from models import global_batch, tiny_gpt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _base_config(**over):
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "steps_per_print": 1000}
+    cfg.update(over)
+    return cfg
+
+
+# ----- memory: the runtime's own byte accounting -----
+
+def memory_worker(stage, precision):
+    import zeroshard
+    world = int(os.environ["WORLD_SIZE"])
+    model = tiny_gpt()
+    cfg = _base_config(zero_optimization={"stage": stage})
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    p = sum(t.numel() for t in model.parameters() if t.requires_grad)
+    unit = world * 16
+    ppad = (p + unit - 1) // unit * unit
+    assert 0 <= ppad - p < unit
+    half = 2 if precision == "bf16" else 4
+    shard = ppad // world if stage >= 1 else ppad
+    expect = {"parameters": half * ppad, "gradients": half * ppad,
+              "master_weights": 4 * shard if precision == "bf16" else 0,
+              "optimizer_state": 8 * shard, "gathered_parameters": 0}
+    got = engine.memory_bytes()
+    assert got == expect, (got, expect)
+    if stage == 1 and precision == "bf16":
+        assert sum(got.values()) == 4 * ppad + 12 * ppad // world  # 4P + 12P/N plus padding
+    return got
+
+
+@pytest.mark.parametrize("stage,precision,world", [(1, "bf16", 2), (1, "bf16", 4), (0, "bf16", 2),
+                                                   (1, "fp32", 2)])
+def test_model_state_bytes_match_the_formula(stage, precision, world):
+    run_distributed(memory_worker, world, stage, precision)
+
+
+# ----- fp16: dynamic loss scaling skips overflowing steps -----
+
+def fp16_worker():
+    import zeroshard
+    model = tiny_gpt()
+    cfg = _base_config(zero_optimization={"stage": 1},
+                       fp16={"enabled": True, "initial_scale_power": 40, "hysteresis": 1})
+    engine, opt, *_ = zeroshard.initialize(model=model, config=cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    scales, applied = [], []
+    for step in range(30):
+        batch = global_batch("gpt", step, 4)
+        rank = int(os.environ["RANK"])
+        loss = engine(batch[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        scales.append(engine.get_loss_scale())
+        applied.append(engine.was_step_applied())
+        if step == 0:
+            # A skipped step leaves every parameter exactly as it was.
+            assert not applied[0]
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scales[0] == 2.0 ** 39, scales[:3]                     # halved after the first overflow
+    assert engine.skipped_steps == applied.count(False) > 0
+    assert applied[-1] and scales[-1] < 2.0 ** 40
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert opt.loss_scale == scales[-1]
+    assert engine.get_global_grad_norm() is not None
+
+
+def test_fp16_overflow_skips_steps_and_shrinks_the_scale():
+    run_distributed(fp16_worker, 2)
+
+
+# ----- param groups, client optimizers and schedulers against torch.optim -----
+
+def _groups(model):
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def wiring_worker(case):
+    import torch.distributed as dist
+    import zeroshard
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = tiny_gpt()
+    ref = copy.deepcopy(model)
+    cfg = _base_config(zero_optimization={"stage": 1})
+    if case == "param_groups":
+        engine, *_ = zeroshard.initialize(model=model, model_parameters=_groups(model), config=cfg)
+        ref_opt = torch.optim.AdamW(_groups(ref), lr=1e-3)
+    elif case == "client_optimizer":
+        del cfg["optimizer"]
+        client = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        engine, *_ = zeroshard.initialize(model=model, optimizer=client, config=cfg)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    else:  # scheduler from the config: the engine's lr drives the step it reports
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3,
+                                                             "warmup_num_steps": 5, "warmup_type": "linear"}}
+        engine, _, _, sched = zeroshard.initialize(model=model, config=cfg)
+        assert sched is engine.lr_scheduler and sched is not None
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
+    lrs = []
+    for step in range(8):
+        batch = global_batch("gpt", step, 2 * world)
+        lr_now = engine.get_lr()
+        lrs.append(lr_now[0])
+        for g, lr in zip(ref_opt.param_groups, lr_now):
+            g["lr"] = lr
+        loss = engine(batch[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        ref_opt.zero_grad()
+        for m in range(world):
+            (ref(batch[2 * m:2 * m + 2]) / world).backward()
+        ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+    if case == "scheduler":
+        # The schedule drives the very first step (DeepSpeed runs that one at the optimizer's lr).
+        assert lrs == pytest.approx([0.0, 0.0, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1e-3])
+    dist.barrier()
+
+
+@pytest.mark.parametrize("case", ["param_groups", "client_optimizer", "scheduler"])
+def test_optimizer_wiring_matches_torch(case):
+    run_distributed(wiring_worker, 2, case)
+
+
+# ----- data loader, accumulation boundary -----
+
+def loader_worker():
+    import torch.distributed as dist
+    import zeroshard
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = tiny_gpt()
+    data = torch.utils.data.TensorDataset(torch.arange(40))
+    cfg = _base_config(train_batch_size=16, train_micro_batch_size_per_gpu=4)
+    del cfg["gradient_accumulation_steps"]  # derived: 16 / (4 x 2)
+    engine, _, loader, _ = zeroshard.initialize(model=model, config=cfg, training_data=data)
+    assert engine.gradient_accumulation_steps() == 2  # 16 = 4 x 2 x world 2
+    seen = torch.cat([b[0] for b in loader])
+    assert all(b[0].numel() == 4 for b in loader) and len(loader) == 5
+    everyone = [torch.zeros_like(seen) for _ in range(world)]
+    dist.all_gather(everyone, seen)
+    assert sorted(torch.cat(everyone).tolist()) == list(range(40))
+    boundaries = []
+    for step in range(4):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        loss = engine(global_batch("gpt", step, 2))
+        engine.backward(loss)
+        engine.step()
+    assert boundaries == [False, True, False, True]
+    assert engine.global_steps == 2 and engine.micro_steps == 4
+    engine.set_gradient_accumulation_boundary(True)
+    assert engine.is_gradient_accumulation_boundary()
+
+
+def test_dataloader_shards_the_data_and_gas_boundaries():
+    run_distributed(loader_worker, 2)
+
+
+# ----- errors -----
+
+def error_worker(config, expected):
+    import zeroshard
+    with pytest.raises(ValueError) as info:
+        zeroshard.initialize(model=tiny_gpt(), config=config)
+    assert str(info.value) == expected, str(info.value)
+
+
+ERRORS = {
+    "typo": ({"train_batch_size": 4, "gradient_clipp1ng": 1.0},
+             'unknown key "gradient_clipp1ng"; did you mean "gradient_clipping"?'),
+    "stage": ({"train_batch_size": 4, "zero_optimization": {"stage": 4}},
+              "zero_optimization.stage: got 4, expected one of 0, 1, 2, 3"),
+    "batch_arithmetic": ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
+                          "gradient_accumulation_steps": 1},
+                         None),
+    "stage_not_built": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
+                         "zero_optimization": {"stage": 2}},
+                        "zero_optimization.stage: got 2, but this build implements stages 0 and 1 only"),
+    "no_optimizer": ({"train_batch_size": 4},
+                     'optimizer: none given; add an "optimizer" block to the config (e.g. {"type": '
+                     '"AdamW", "params": {"lr": 1e-4}}) or pass initialize(optimizer=...)'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_bad_configs_get_exact_errors(name):
+    config, expected = ERRORS[name]
+    if name == "batch_arithmetic":
+        expected = ("train_batch_size 32 != train_micro_batch_size_per_gpu 8 * "
+                    "gradient_accumulation_steps 1 * data-parallel world size 2 = 16")
+    run_distributed(error_worker, 2, config, expected)
+
+
+# ----- a script with no launcher, and the progress line -----
+
+SCRIPT = """
+import sys, torch
+sys.path.insert(0, {examples!r}); sys.path.insert(0, {tests!r})
+import zeroshard
+from models import tiny_gpt, global_batch
+engine, *_ = zeroshard.initialize(model=tiny_gpt(), config={{
+    "train_batch_size": 2, "steps_per_print": 2, "bf16": {{"enabled": True}},
+    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}, "zero_optimization": {{"stage": 1}}}})
+for step in range(4):
+    loss = engine(global_batch("gpt", step, 2)); engine.backward(loss); engine.step()
+print("world", engine.world_size, "steps", engine.global_steps)
+"""
+
+
+def test_a_script_without_a_launcher_runs_as_a_world_of_one_and_logs_progress():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    code = SCRIPT.format(examples=os.path.join(ROOT, "examples"),
+                         tests=os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "world 1 steps 4" in out.stdout
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[zeroshard] step ")]
+    assert [line.split()[2] for line in lines] == ["2", "4"], out.stdout
+    for field in ("loss", "lr", "loss_scale", "samples/s", "parameters=", "gradients=",
+                  "master_weights=", "optimizer_state="):
+        assert field in lines[0], lines[0]
