@@ -15,6 +15,7 @@ const char* memory_category_name(MemoryCategory c) {
     case MemoryCategory::master_weights: return "master_weights";
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::gathered_parameters: return "gathered_parameters";
+    case MemoryCategory::comm_buffers: return "comm_buffers";
     case MemoryCategory::count: break;
   }
   return "unknown";
@@ -57,7 +58,8 @@ std::string format_bytes(int64_t bytes) {
 std::string MemoryAccount::summary() const {
   std::string out;
   for (size_t i = 0; i < size_t(MemoryCategory::count); ++i) {
-    if (current_[i] == 0 && i == size_t(MemoryCategory::gathered_parameters)) continue;
+    // Categories that only some stages use are left out while empty.
+    if (current_[i] == 0 && i >= size_t(MemoryCategory::gathered_parameters)) continue;
     if (!out.empty()) out += ' ';
     out += memory_category_name(MemoryCategory(i));
     out += '=';

@@ -13,6 +13,7 @@ enum class MemoryCategory : int {
   master_weights,     // fp32 master copy (mixed precision only)
   optimizer_state,    // optimizer moments / accumulators
   gathered_parameters,// ZeRO-3: parameters gathered for compute, released after use
+  comm_buffers,       // staging buffers for gradient reduction (not model state)
   count
 };
 

@@ -31,8 +31,9 @@ int64_t state_tensors(OptimizerKind kind) {
 
 FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
                      int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
-                     OptimizerKind kind, double initial_accumulator_value, MemoryAccount& memory)
-    : memory_(memory) {
+                     bool full_grads, OptimizerKind kind, double initial_accumulator_value,
+                     MemoryAccount& memory)
+    : full_grads_(full_grads), memory_(memory) {
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no trainable parameters");
   std::vector<int64_t> numels;
   for (const auto& p : params) {
@@ -49,7 +50,7 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model
   for (size_t i = 0; i < params.size(); ++i) {
     params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
   }
-  grads_ = at::zeros({layout_.padded_numel}, opts);
+  grads_ = at::zeros({full_grads ? layout_.padded_numel : owned_.numel()}, opts);
 
   const auto fp32 = params[0].options().dtype(at::kFloat);
   if (model_dtype != at::kFloat) {
@@ -92,7 +93,14 @@ std::vector<at::Tensor> FlatGroup::views(const at::Tensor& flat) const {
 }
 
 std::vector<at::Tensor> FlatGroup::param_views() const { return views(params_); }
-std::vector<at::Tensor> FlatGroup::grad_views() const { return views(grads_); }
+std::vector<at::Tensor> FlatGroup::grad_views() const {
+  ZS_CHECK(full_grads_, "FlatGroup::grad_views: this group keeps only its gradient shard");
+  return views(grads_);
+}
+
+at::Tensor FlatGroup::owned_grads() const {
+  return full_grads_ ? grads_.narrow(0, owned_.begin, owned_.numel()) : grads_;
+}
 
 at::Tensor FlatGroup::master() const {
   return master_.defined() ? master_ : params_.narrow(0, owned_.begin, owned_.numel());

@@ -20,10 +20,12 @@ class FlatGroup {
  public:
   // `params` are the group's trainable tensors in fp32 (their values seed the master copy);
   // the flat buffers are created in `model_dtype` on the params' device. `owned` is the slice of
-  // the padded buffer whose optimizer state lives on this rank.
+  // the padded buffer whose optimizer state lives on this rank; with full_grads false only that
+  // range's gradients are kept (stage 2).
   FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
             int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
-            OptimizerKind kind, double initial_accumulator_value, MemoryAccount& memory);
+            bool full_grads, OptimizerKind kind, double initial_accumulator_value,
+            MemoryAccount& memory);
   ~FlatGroup();
   FlatGroup(const FlatGroup&) = delete;
   FlatGroup& operator=(const FlatGroup&) = delete;
@@ -31,8 +33,13 @@ class FlatGroup {
   const FlatLayout& layout() const { return layout_; }
   ShardRange owned() const { return owned_; }
   at::Tensor params() const { return params_; }
+  // The full flat gradient buffer (full_grads), or the owned shard's gradients.
   at::Tensor grads() const { return grads_; }
-  // Views of the flat buffers shaped like the original tensors, for param.data / param.grad.
+  bool full_grads() const { return full_grads_; }
+  // Gradients of the owned range, whichever way they are kept.
+  at::Tensor owned_grads() const;
+  // Views of the flat buffers shaped like the original tensors, for param.data / param.grad
+  // (grad views only with full_grads).
   std::vector<at::Tensor> param_views() const;
   std::vector<at::Tensor> grad_views() const;
   // fp32 values of the owned range: the master copy, or the owned slice of the fp32 params.
@@ -46,6 +53,7 @@ class FlatGroup {
   FlatLayout layout_;
   std::vector<std::vector<int64_t>> shapes_;
   ShardRange owned_;
+  bool full_grads_;
   at::Tensor params_;
   at::Tensor grads_;
   at::Tensor master_;

@@ -1,15 +1,14 @@
-// Bucketed gradient all-reduce for stages 0 and 1. Buckets are contiguous slices of a group's flat
-// gradient buffer, at most reduce_bucket_size elements, built from the last parameter backwards
-// (the order backward produces gradients). A bucket's all-reduce starts from the gradient hook of
-// its last-ready parameter, so communication overlaps the rest of backward.
+// Stages 0 and 1: gradients accumulate in place in each group's full flat gradient buffer
+// (param.grad are views into it); at the accumulation boundary each bucket is all-reduced in place,
+// started from the gradient hook of its last-ready parameter so communication overlaps backward.
 #pragma once
-#include <ATen/core/Tensor.h>
-
 #include <memory>
 #include <vector>
 
 #include "runtime/comm.h"
+#include "zero/buckets.h"
 #include "zero/flat_group.h"
+#include "zero/reducer.h"
 
 namespace zeroshard {
 
@@ -19,19 +18,21 @@ struct ReduceOptions {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   at::ScalarType comm_dtype = at::ScalarType::Undefined;  // Undefined: the gradients' own dtype
+
+  // Applied before the sum (prescale) and after it, so the result is the mean over ranks.
+  double pre_factor() const;
+  double post_factor(int64_t world_size) const;
 };
 
-class GradReducer {
+class GradReducer final : public Reducer {
  public:
   GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
               const ReduceOptions& options);
-  // Parameter `index` (global, in group order) has its final gradient for this step.
-  void grad_ready(int64_t index);
-  // Starts every bucket not started yet (parameters that got no gradient), waits for all, and
-  // leaves each gradient averaged over ranks. Resets for the next step.
-  void finish();
-  int64_t num_buckets() const { return int64_t(buckets_.size()); }
-  int64_t num_params() const { return int64_t(bucket_of_.size()); }
+  // `grad` is ignored: the gradient already sits in the flat buffer (the engine keeps it there).
+  void grad_ready(int64_t index, const at::Tensor& grad) override;
+  void finish() override;
+  int64_t num_buckets() const override { return int64_t(buckets_.size()); }
+  int64_t num_params() const override { return int64_t(plan_.bucket_of_param.size()); }
 
  private:
   struct Bucket {
@@ -48,8 +49,8 @@ class GradReducer {
 
   std::shared_ptr<Comm> comm_;
   ReduceOptions opt_;
+  BucketPlan plan_;
   std::vector<Bucket> buckets_;
-  std::vector<int64_t> bucket_of_;  // parameter index -> bucket
 };
 
 }  // namespace zeroshard

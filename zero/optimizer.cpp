@@ -53,16 +53,18 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   for (const auto& params : groups) {
     groups_.push_back(std::make_unique<FlatGroup>(
         broadcast_from_rank0(params), model_dtype, comm_->world_size(), kAlignmentNumel,
-        comm_->rank(), sharded, kind_, optimizer_.initial_accumulator_value, memory_));
+        comm_->rank(), sharded, strategy_->keeps_full_grads(), kind_,
+        optimizer_.initial_accumulator_value, memory_));
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
   ro.bucket_numel = config.zero_optimization.reduce_bucket_size;
-  ro.overlap_comm = config.zero_optimization.overlap_comm || config.zero_optimization.stage <= 1;
+  // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
+  ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
   ro.prescale_gradients = config.prescale_gradients;
   ro.gradient_predivide_factor = config.gradient_predivide_factor;
   ro.comm_dtype = comm_dtype(config.communication_data_type);
-  reducer_ = std::make_unique<GradReducer>(raw, comm_, ro);
+  reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
   group_steps_.assign(groups_.size(), 0);
 }
 
@@ -101,7 +103,7 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
   double sum_sq = 0.0;
   bool finite = true;
   for (const auto& g : groups_) {
-    const auto stats = ops::grad_stats(g->grads().narrow(0, g->owned().begin, g->owned().numel()));
+    const auto stats = ops::grad_stats(g->owned_grads());
     sum_sq += stats.sum_sq;
     finite = finite && stats.finite;
   }
@@ -120,7 +122,7 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
 void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale) {
   const int64_t step = ++group_steps_[gi];
   const ShardRange own = g.owned();
-  at::Tensor grad = g.grads().narrow(0, own.begin, own.numel());
+  at::Tensor grad = g.owned_grads();
   at::Tensor p = g.master();
   // Mixed precision: the kernels write the updated 16-bit parameters in the same pass.
   at::Tensor p16 = g.mixed_precision() ? g.params().narrow(0, own.begin, own.numel()) : at::Tensor();
@@ -164,7 +166,6 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
            " hyperparameter sets for ", groups_.size(), " parameter groups");
   StepResult r;
   r.loss_scale = scaler_.scale();
-  reducer_->finish();
   auto [overflow, sum_sq] = inspect_gradients();
   const bool skip = scaler_.update(overflow);
   if (skip) {
@@ -188,6 +189,10 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
   ++global_steps_;
   r.applied = true;
   return r;
+}
+
+void ZeroOptimizer::after_backward(bool accumulation_boundary) {
+  if (accumulation_boundary || !strategy_->keeps_full_grads()) reducer_->finish();
 }
 
 void ZeroOptimizer::zero_grad() {

@@ -8,6 +8,12 @@ class Stage0 final : public ZeroStrategy {
  public:
   int64_t stage() const override { return 0; }
   bool shards_optimizer_state() const override { return false; }
+  bool keeps_full_grads() const override { return true; }
+  std::unique_ptr<Reducer> make_reducer(const std::vector<FlatGroup*>& groups,
+                                        std::shared_ptr<Comm> comm, const ReduceOptions& options,
+                                        MemoryAccount&) const override {
+    return std::make_unique<GradReducer>(groups, std::move(comm), options);
+  }
   void sync_params(FlatGroup&, Comm&) override {}
 };
 }  // namespace

@@ -1,8 +1,7 @@
-// ZeRO stage 1: master weights and optimizer state are sharded; rank r updates only its slice of
-// the flat buffer, then an all-gather hands every rank the full updated parameters.
+// ZeRO stage 1: master weights and optimizer state are sharded; gradients stay whole and are
+// all-reduced at the accumulation boundary. Rank r updates only its slice of the flat buffer, then
+// an all-gather hands every rank the full updated parameters.
 #include "zero/strategy.h"
-
-#include "runtime/error.h"
 
 namespace zeroshard {
 namespace {
@@ -10,13 +9,13 @@ class Stage1 final : public ZeroStrategy {
  public:
   int64_t stage() const override { return 1; }
   bool shards_optimizer_state() const override { return true; }
-  void sync_params(FlatGroup& group, Comm& comm) override {
-    if (comm.world_size() == 1) return;
-    const ShardRange own = group.owned();
-    at::Tensor flat = group.params();
-    // Waited here: the next forward reads every parameter.
-    comm.all_gather(flat, flat.narrow(0, own.begin, own.numel()), "updated parameters").wait();
+  bool keeps_full_grads() const override { return true; }
+  std::unique_ptr<Reducer> make_reducer(const std::vector<FlatGroup*>& groups,
+                                        std::shared_ptr<Comm> comm, const ReduceOptions& options,
+                                        MemoryAccount&) const override {
+    return std::make_unique<GradReducer>(groups, std::move(comm), options);
   }
+  void sync_params(FlatGroup& group, Comm& comm) override { all_gather_updated_params(group, comm); }
 };
 }  // namespace
 

@@ -9,10 +9,19 @@ std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
   switch (config.stage) {
     case 0: return make_stage0();
     case 1: return make_stage1();
+    case 2: return make_stage2();
     default:
       throw ConfigError(detail::cat("zero_optimization.stage: got ", config.stage,
-                                    ", but this build implements stages 0 and 1 only"));
+                                    ", but this build implements stages 0, 1 and 2 only"));
   }
+}
+
+void all_gather_updated_params(FlatGroup& group, Comm& comm) {
+  if (comm.world_size() == 1) return;
+  const ShardRange own = group.owned();
+  at::Tensor flat = group.params();
+  // Waited here: the next forward reads every parameter.
+  comm.all_gather(flat, flat.narrow(0, own.begin, own.numel()), "updated parameters").wait();
 }
 
 }  // namespace zeroshard

@@ -93,8 +93,15 @@ void bind_zero(py::module_& m) {
            py::arg("model_dtype"))
       .def("param_views", &ZeroOptimizer::param_views)
       .def("grad_views", &ZeroOptimizer::grad_views)
-      .def("grad_ready", &ZeroOptimizer::grad_ready, py::arg("param_index"),
+      .def("grad_ready",
+           [](ZeroOptimizer& o, int64_t index, const std::optional<at::Tensor>& grad) {
+             py::gil_scoped_release release;
+             o.grad_ready(index, grad.value_or(at::Tensor()));
+           },
+           py::arg("param_index"), py::arg("grad"))
+      .def("after_backward", &ZeroOptimizer::after_backward, py::arg("accumulation_boundary"),
            py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)
       .def("step",
            [](ZeroOptimizer& o, const py::list& groups) {
              std::vector<GroupHyper> hypers;

@@ -141,15 +141,25 @@ class ZeroShardEngine(torch.nn.Module):
             self.module.to(self.dtype)
         self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
         self._params = [p for _, ps in groups for p in ps]
-        self._grad_views = [v for vs in self._core.grad_views() for v in vs]
         for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
             p.data = view
-        for i, (p, g) in enumerate(zip(self._params, self._grad_views)):
+        if self._core.keeps_full_grads:
+            grad_views = [v for vs in self._core.grad_views() for v in vs]
+        else:
+            grad_views = [None] * len(self._params)
+        for i, (p, g) in enumerate(zip(self._params, grad_views)):
             p.grad = g
             p.register_post_accumulate_grad_hook(self._make_hook(i, g))
 
     def _make_hook(self, index, view):
         core = self._core
+        if view is None:
+            # Sharded gradients: every backward hands each gradient to C++, which stages and
+            # reduces it; the full-size gradient is dropped at once.
+            def hand_over(param):
+                core.grad_ready(index, param.grad)
+                param.grad = None
+            return hand_over
 
         def hook(param):
             if not self._in_boundary_backward:
@@ -160,7 +170,7 @@ class ZeroShardEngine(torch.nn.Module):
                 if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
                     view.copy_(param.grad)
                 param.grad = view
-            core.grad_ready(index)
+            core.grad_ready(index, None)
         return hook
 
     def _make_scheduler(self, client_scheduler):
@@ -194,11 +204,13 @@ class ZeroShardEngine(torch.nn.Module):
         self._loss_sum += float(loss.detach())
         self._loss_count += 1
         scaled = loss / self._gas if scale_wrt_gas else loss
-        self._in_boundary_backward = self.is_gradient_accumulation_boundary()
+        boundary = self.is_gradient_accumulation_boundary()
+        self._in_boundary_backward = boundary
         try:
             (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
         finally:
             self._in_boundary_backward = False
+        self._core.after_backward(boundary)
         return scaled
 
     def step(self, lr_kwargs=None):

@@ -23,10 +23,14 @@ def on_ranks(world, body):
     store = dist.HashStore()
     errors = [None] * world
     results = [None] * world
+    # Every rank's group stays alive until all threads are done: a group torn down while a peer
+    # is still finishing the last collective would strand that peer.
+    comms = [None] * world
 
     def run(rank):
         try:
-            results[rank] = body(_C.Comm(_gloo_group(store, rank, world), 30.0))
+            comms[rank] = _C.Comm(_gloo_group(store, rank, world), 30.0)
+            results[rank] = body(comms[rank])
         except BaseException as e:  # noqa: BLE001 - re-raised on the test thread
             errors[rank] = e
 
@@ -36,6 +40,7 @@ def on_ranks(world, body):
     for t in threads:
         t.join(timeout=60)
         assert not t.is_alive(), "a rank thread hung"
+    comms.clear()
     for e in errors:
         if e is not None:
             raise e

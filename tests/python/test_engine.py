@@ -27,7 +27,7 @@ def memory_worker(stage, precision):
     import zeroshard
     world = int(os.environ["WORLD_SIZE"])
     model = tiny_gpt()
-    cfg = _base_config(zero_optimization={"stage": stage})
+    cfg = _base_config(zero_optimization={"stage": stage, "reduce_bucket_size": 1000})
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     engine, *_ = zeroshard.initialize(model=model, config=cfg)
@@ -37,18 +37,26 @@ def memory_worker(stage, precision):
     assert 0 <= ppad - p < unit
     half = 2 if precision == "bf16" else 4
     shard = ppad // world if stage >= 1 else ppad
-    expect = {"parameters": half * ppad, "gradients": half * ppad,
+    expect = {"parameters": half * ppad, "gradients": half * (shard if stage >= 2 else ppad),
               "master_weights": 4 * shard if precision == "bf16" else 0,
-              "optimizer_state": 8 * shard, "gathered_parameters": 0}
+              "optimizer_state": 8 * shard, "gathered_parameters": 0, "comm_buffers": 0}
     got = engine.memory_bytes()
     assert got == expect, (got, expect)
+    state = sum(v for k, v in got.items() if k != "comm_buffers")
     if stage == 1 and precision == "bf16":
-        assert sum(got.values()) == 4 * ppad + 12 * ppad // world  # 4P + 12P/N plus padding
+        assert state == 4 * ppad + 12 * ppad // world  # 4P + 12P/N plus padding
+    if stage == 2 and precision == "bf16":
+        assert state == 2 * ppad + 14 * ppad // world  # 2P + 14P/N plus padding
+        # Staging buffers appear with the first backward: at most two buckets' worth.
+        loss = engine(global_batch("gpt", 0, 2))
+        engine.backward(loss)
+        staged = engine.memory_bytes()["comm_buffers"]
+        assert 0 < staged <= 2 * 2 * 1000, staged
     return got
 
 
 @pytest.mark.parametrize("stage,precision,world", [(1, "bf16", 2), (1, "bf16", 4), (0, "bf16", 2),
-                                                   (1, "fp32", 2)])
+                                                   (1, "fp32", 2), (2, "bf16", 2), (2, "bf16", 4)])
 def test_model_state_bytes_match_the_formula(stage, precision, world):
     run_distributed(memory_worker, world, stage, precision)
 
@@ -194,8 +202,8 @@ ERRORS = {
                           "gradient_accumulation_steps": 1},
                          None),
     "stage_not_built": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
-                         "zero_optimization": {"stage": 2}},
-                        "zero_optimization.stage: got 2, but this build implements stages 0 and 1 only"),
+                         "zero_optimization": {"stage": 3}},
+                        "zero_optimization.stage: got 3, but this build implements stages 0, 1 and 2 only"),
     "no_optimizer": ({"train_batch_size": 4},
                      'optimizer: none given; add an "optimizer" block to the config (e.g. {"type": '
                      '"AdamW", "params": {"lr": 1e-4}}) or pass initialize(optimizer=...)'),

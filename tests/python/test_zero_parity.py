@@ -155,7 +155,7 @@ ADAMW = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}}
 
 # The matrix the contract names: stages x precision x GAS x world, on the small GPT.
 MATRIX = [(stage, precision, gas, world)
-          for stage in (0, 1) for precision in ("fp32", "bf16") for gas in (1, 2)
+          for stage in (0, 1, 2) for precision in ("fp32", "bf16") for gas in (1, 2)
           for world in (1, 2, 4)]
 
 
@@ -182,3 +182,9 @@ VARIANTS = {
 def test_variant_parity_stage1_world2(name):
     model_name, optimizer, clip = VARIANTS[name]
     run_distributed(parity_worker, 2, model_name, 1, "fp32", 2, optimizer, clip, 500, STEPS)
+
+
+@pytest.mark.parametrize("name", ["awkward-model", "clipped"])
+def test_variant_parity_stage2_world2(name):
+    model_name, optimizer, clip = VARIANTS[name]
+    run_distributed(parity_worker, 2, model_name, 2, "fp32", 2, optimizer, clip, 500, STEPS)

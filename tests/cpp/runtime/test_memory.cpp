@@ -22,6 +22,8 @@ TEST_CASE("categories add, release and keep their peaks") {
         "parameters=100B gradients=0B master_weights=0B optimizer_state=0B gathered_parameters=30B");
   a.reset_peaks();
   CHECK(a.peak_bytes(MemoryCategory::gathered_parameters) == 30);
+  a.release(MemoryCategory::gathered_parameters, 30);
+  CHECK(a.summary() == "parameters=100B gradients=0B master_weights=0B optimizer_state=0B");
 }
 
 TEST_CASE("format_bytes picks a unit") {

@@ -1,0 +1,22 @@
+// How gradients reach the optimizer: the interface both gradient reducers implement. The stage
+// strategy picks one (stages 0/1: in-place all-reduce of full flat gradients; stage 2: staged
+// buckets reduced into each rank's owned shard).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace zeroshard {
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  // Parameter `index` (global, groups in order) has its gradient for this backward in `grad`.
+  virtual void grad_ready(int64_t index, const at::Tensor& grad) = 0;
+  // After backward: starts every bucket not started (parameters with no gradient), waits for all.
+  virtual void finish() = 0;
+  virtual int64_t num_buckets() const = 0;
+  virtual int64_t num_params() const = 0;
+};
+
+}  // namespace zeroshard
