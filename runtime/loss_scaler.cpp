@@ -11,10 +11,12 @@ LossScaler::LossScaler(const LossScalerOptions& options)
       hysteresis_left_(options.hysteresis) {}
 
 bool LossScaler::update(bool overflow) {
+  stuck_at_minimum_ = false;
   if (!opt_.dynamic) return overflow;
   if (overflow) {
     // Hysteresis: tolerate a few overflows before shrinking, so one spike does not halve the scale.
     if (opt_.hysteresis == 1 || hysteresis_left_ <= 1) {
+      stuck_at_minimum_ = scale_ <= opt_.min_scale;
       scale_ = std::max(scale_ / 2.0, opt_.min_scale);
     } else {
       --hysteresis_left_;

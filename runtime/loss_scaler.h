@@ -24,6 +24,9 @@ class LossScaler {
   bool update(bool overflow);
   int64_t steps_since_overflow() const { return clean_steps_; }
   int64_t hysteresis_left() const { return hysteresis_left_; }
+  // True when the last update was an overflow that found the dynamic scale already at min_scale
+  // with no hysteresis left (DeepSpeed raises "Current loss scale already at minimum" then).
+  bool at_minimum_after_overflow() const { return stuck_at_minimum_; }
   // For checkpoints.
   void restore(double scale, int64_t clean_steps, int64_t hysteresis_left);
 
@@ -32,6 +35,7 @@ class LossScaler {
   double scale_;
   int64_t clean_steps_ = 0;
   int64_t hysteresis_left_;
+  bool stuck_at_minimum_ = false;
 };
 
 }  // namespace zeroshard

@@ -7,12 +7,15 @@
 
 namespace zeroshard {
 
-double ReduceOptions::pre_factor() const {
-  return prescale_gradients ? 1.0 / gradient_predivide_factor : 1.0;
+// DeepSpeed's arithmetic: prescale_gradients divides by the world size before the sum; otherwise
+// gradient_predivide_factor f divides before the sum and f / world_size scales after it (so fp16
+// sums stay in range with f > 1). Either way the result is the mean over ranks.
+double ReduceOptions::pre_factor(int64_t world_size) const {
+  return prescale_gradients ? 1.0 / double(world_size) : 1.0 / gradient_predivide_factor;
 }
 
 double ReduceOptions::post_factor(int64_t world_size) const {
-  return prescale_gradients ? gradient_predivide_factor / double(world_size) : 1.0 / double(world_size);
+  return prescale_gradients ? 1.0 : gradient_predivide_factor / double(world_size);
 }
 
 GradReducer::GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
@@ -49,7 +52,8 @@ void GradReducer::start(Bucket& b) {
     b.comm_buffer.copy_(b.grads);
     buf = b.comm_buffer;
   }
-  if (opt_.pre_factor() != 1.0) buf.mul_(opt_.pre_factor());
+  const double pre = opt_.pre_factor(comm_->world_size());
+  if (pre != 1.0) buf.mul_(pre);
   if (comm_->world_size() > 1) b.work = comm_->all_reduce(buf, detail::cat("gradient bucket ", b.index));
   // Without overlap_comm the reduction finishes before backward continues.
   if (!opt_.overlap_comm) complete(b);

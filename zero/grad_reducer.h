@@ -19,8 +19,8 @@ struct ReduceOptions {
   double gradient_predivide_factor = 1.0;
   at::ScalarType comm_dtype = at::ScalarType::Undefined;  // Undefined: the gradients' own dtype
 
-  // Applied before the sum (prescale) and after it, so the result is the mean over ranks.
-  double pre_factor() const;
+  // Applied before and after the sum, so the result is the mean over ranks.
+  double pre_factor(int64_t world_size) const;
   double post_factor(int64_t world_size) const;
 };
 

@@ -1,4 +1,4 @@
-// The stage 0/1 ZeRO optimizer; see optimizer.h.
+// The ZeRO optimizer (stages 0-2); see optimizer.h.
 #include "zero/optimizer.h"
 
 #include <ATen/ATen.h>
@@ -110,7 +110,8 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
   if (!finite) sum_sq = INFINITY;
   if (strategy_->shards_optimizer_state() && comm_->world_size() > 1) {
     // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
-    at::Tensor t = at::full({1}, sum_sq, at::TensorOptions().dtype(at::kDouble));
+    // On the gradients' device: an NCCL group carries CUDA tensors only.
+    at::Tensor t = at::full({1}, sum_sq, groups_[0]->grads().options().dtype(at::kDouble));
     comm_->all_reduce(t, "gradient norm").wait();
     sum_sq = t.item<double>();
   }
@@ -170,6 +171,12 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
   const bool skip = scaler_.update(overflow);
   if (skip) {
     ++skipped_steps_;
+    // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
+    if (overflow && scaler_.at_minimum_after_overflow()) {
+      throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
+                              "fp16.min_loss_scale (", scaler_.scale(), "), so no step can be "
+                              "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
+    }
     r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
     zero_grad();
     return r;
@@ -186,7 +193,6 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
     strategy_->sync_params(*groups_[i], *comm_);
   }
   zero_grad();
-  ++global_steps_;
   r.applied = true;
   return r;
 }

@@ -1,5 +1,5 @@
-// The ZeRO optimizer for stages 0 and 1: owns the flat groups, the gradient reducer, the loss
-// scaler and the per-rank memory account, and runs the sharded step at the accumulation boundary.
+// The ZeRO optimizer (stages 0-2): owns the flat groups, the gradient reducer, the loss scaler and
+// the per-rank memory account, and runs the sharded step at the accumulation boundary.
 // Python's engine forwards gradient-hook events and step() calls here.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -41,6 +41,9 @@ class ZeroOptimizer {
   // `optimizer`: the config's optimizer block, or the one a client torch optimizer maps to.
   ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config, const OptimizerConfig& optimizer,
                 const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType model_dtype);
+  // Groups and reducers hold a reference to memory_: the object never moves.
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   std::vector<std::vector<at::Tensor>> param_views() const;
   std::vector<std::vector<at::Tensor>> grad_views() const;
@@ -61,7 +64,6 @@ class ZeroOptimizer {
 
   const MemoryAccount& memory() const { return memory_; }
   int64_t stage() const { return strategy_->stage(); }
-  int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t num_buckets() const { return reducer_->num_buckets(); }
   // fp32 values of the owned range of group g (for tests and checkpoints).
@@ -84,7 +86,6 @@ class ZeroOptimizer {
   LossScaler scaler_;
   OptimizerKind kind_;
   std::vector<int64_t> group_steps_;
-  int64_t global_steps_ = 0;
   int64_t skipped_steps_ = 0;
 };
 

@@ -79,7 +79,8 @@ void ShardedGradReducer::start(Bucket& b) {
   }
   b.state = Bucket::State::in_flight;
   at::Tensor buf = buffers_[size_t(b.buffer)].narrow(0, 0, b.spec.numel);
-  if (opt_.pre_factor() != 1.0) buf.mul_(opt_.pre_factor());
+  const double pre = opt_.pre_factor(comm_->world_size());
+  if (pre != 1.0) buf.mul_(pre);
   const int64_t id = int64_t(&b - buckets_.data());
   if (comm_->world_size() > 1) b.work = comm_->all_reduce(buf, detail::cat("gradient bucket ", id));
   in_flight_.push_back(id);

@@ -2,6 +2,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/csrc/bindings.h"
+#include "runtime/error.h"
 #include "zero/optimizer.h"
 
 namespace py = pybind11;
@@ -11,7 +12,15 @@ namespace zeroshard::python {
 namespace {
 GroupHyper hyper_from_dict(const py::dict& d) {
   GroupHyper h;
-  auto get = [&](const char* k, double dflt) { return d.contains(k) ? d[k].cast<double>() : dflt; };
+  auto get = [&](const char* k, double dflt) {
+    if (!d.contains(k)) return dflt;
+    try {
+      return d[k].cast<double>();
+    } catch (const py::cast_error&) {
+      throw ConfigError(detail::cat("optimizer.param_groups[...][\"", k, "\"]: got ",
+                                    py::str(d[k]).cast<std::string>(), ", expected a number"));
+    }
+  };
   h.lr = get("lr", h.lr);
   h.weight_decay = get("weight_decay", h.weight_decay);
   if (d.contains("betas")) {
@@ -115,7 +124,6 @@ void bind_zero(py::module_& m) {
       .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("stage", &ZeroOptimizer::stage)
-      .def_property_readonly("global_steps", &ZeroOptimizer::global_steps)
       .def_property_readonly("skipped_steps", &ZeroOptimizer::skipped_steps)
       .def_property_readonly("num_buckets", &ZeroOptimizer::num_buckets)
       .def_property_readonly("num_params", &ZeroOptimizer::num_params);

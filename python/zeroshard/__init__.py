@@ -15,10 +15,15 @@ _LAZY = {
     "add_config_arguments": ("zeroshard.config", "add_config_arguments"),
 }
 
+# Submodules DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), deepspeed.ops.adam...).
+_SUBMODULES = ("comm", "ops", "launcher", "config", "engine")
+
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"zeroshard.{name}")
     if name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)

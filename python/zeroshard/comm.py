@@ -68,3 +68,25 @@ def device() -> torch.device:
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# deepspeed.comm's most used helpers, for scripts that call them.
+def is_initialized() -> bool:
+    return dist.is_initialized()
+
+
+def get_rank(group=None) -> int:
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def get_world_size(group=None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def barrier(group=None):
+    if dist.is_initialized():
+        dist.barrier(group)

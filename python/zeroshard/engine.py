@@ -1,6 +1,7 @@
 """The engine that wraps the user's nn.Module: DeepSpeed's initialize() and engine API. Python
 orchestrates (hooks, data, logging); buffers, reduction and the optimizer step live in C++."""
 import json
+import os
 import time
 
 import torch
@@ -35,10 +36,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
 
 def _param_groups(model, model_parameters, client_optimizer):
-    """[(group_dict_without_params, [params])] from whatever the script passed."""
+    """[(group_dict_without_params, [params])] from whatever the script passed. A client
+    optimizer's own group dicts are returned (not copies), so a scheduler built on it still
+    drives the lr the engine uses."""
     if client_optimizer is not None:
-        return [({k: v for k, v in g.items() if k != "params"}, list(g["params"]))
-                for g in client_optimizer.param_groups]
+        return [(g, list(g["params"])) for g in client_optimizer.param_groups]
     source = model.parameters() if model_parameters is None else model_parameters
     items = list(source)
     if items and isinstance(items[0], dict):
@@ -56,6 +58,10 @@ class ZeroShardEngine(torch.nn.Module):
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else self.world_size
+        if self.dp_world_size != self.world_size:
+            raise ValueError(f"mpu: data-parallel size {self.dp_world_size} != world size "
+                             f"{self.world_size}; model (tensor/pipeline) parallelism through mpu "
+                             "is not supported yet, so every rank must be a data-parallel rank")
         tbs, micro, gas = self._config.resolve_batch(self.dp_world_size)
         self._train_batch_size, self._micro_batch_size, self._gas = tbs, micro, gas
         s = _C.engine_settings(self._config)
@@ -71,7 +77,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.device = comm_device()
         self.module = model.to(self.device)
         self.dtype = _DTYPES[s["precision"]]
-        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds())
+        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds(), store=dist.distributed_c10d._get_default_store())
 
         spec, groups = self._optimizer_spec(optimizer, model_parameters)
         self._build_core(spec, groups)
@@ -85,7 +91,6 @@ class ZeroShardEngine(torch.nn.Module):
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
-        self.skipped_steps = 0
         self._boundary_override = None
         self._in_boundary_backward = False
         self._last = None  # the last StepResult
@@ -125,7 +130,12 @@ class ZeroShardEngine(torch.nn.Module):
         groups = []
         for hyper, params in _param_groups(self.module, model_parameters, client_optimizer):
             trainable = [p for p in params if p.requires_grad]
-            if trainable:
+            if not trainable:
+                continue
+            if client_optimizer is not None:
+                hyper["params"] = trainable  # the client's dict itself
+                groups.append((hyper, trainable))
+            else:
                 groups.append(({**defaults, **hyper, "params": trainable}, trainable))
         return spec, groups
 
@@ -201,7 +211,8 @@ class ZeroShardEngine(torch.nn.Module):
         if not loss.requires_grad:
             raise ValueError("backward: the loss does not require grad (was it computed under "
                              "torch.no_grad(), or from detached outputs?)")
-        self._loss_sum += float(loss.detach())
+        # Summed on the loss's device; read only when a progress line is printed.
+        self._loss_sum = self._loss_sum + loss.detach().float()
         self._loss_count += 1
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary()
@@ -218,10 +229,11 @@ class ZeroShardEngine(torch.nn.Module):
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             self._last = self._core.step(groups)
             if self._last.applied:
+                # torch schedulers warn unless they see the optimizer was stepped first.
+                self.optimizer._opt_called = True
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step(**(lr_kwargs or {}))
             else:
-                self.skipped_steps += 1
                 log_rank0(f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; "
                           f"loss scale {self._last.loss_scale:g} -> {self._core.loss_scale:g}",
                           self.global_rank)
@@ -236,7 +248,8 @@ class ZeroShardEngine(torch.nn.Module):
         if not every or self.global_steps % every != 0:
             return
         # Mean loss over ranks and micro-steps since the last line (one small all-reduce).
-        t = torch.tensor([self._loss_sum, float(self._loss_count)], dtype=torch.float64)
+        t = torch.stack([torch.as_tensor(self._loss_sum, dtype=torch.float64, device=self.device),
+                         torch.tensor(float(self._loss_count), dtype=torch.float64, device=self.device)])
         if self.world_size > 1:
             dist.all_reduce(t)
         loss = (t[0] / max(t[1], 1.0)).item()
@@ -278,6 +291,31 @@ class ZeroShardEngine(torch.nn.Module):
 
     def get_loss_scale(self):
         return self._core.loss_scale
+
+    @property
+    def skipped_steps(self):
+        return self._core.skipped_steps
+
+    @property
+    def local_rank(self):
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    def fp16_enabled(self):
+        return self._settings["precision"] == "fp16"
+
+    def bfloat16_enabled(self):
+        return self._settings["precision"] == "bf16"
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        raise NotImplementedError("save_checkpoint: sharded checkpoints are not implemented in "
+                                  "zeroshard yet (planned: per-rank shard files + JSON manifest)")
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
+        raise NotImplementedError("load_checkpoint: sharded checkpoints are not implemented in "
+                                  "zeroshard yet (planned: per-rank shard files + JSON manifest)")
 
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""

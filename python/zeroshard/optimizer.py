@@ -46,13 +46,19 @@ def param_group_defaults(spec: dict) -> dict:
     return {k: spec[k] for k in keys[spec["type"]]}
 
 
-class ZeroShardOptimizer:
-    """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here)."""
+class ZeroShardOptimizer(torch.optim.Optimizer):
+    """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here). A
+    torch.optim.Optimizer so torch and Hugging Face schedulers accept it; its param_groups hold the
+    hyperparameters the next step uses, while every buffer lives in the C++ core."""
 
     def __init__(self, core, param_groups):
+        # torch's constructor would re-add the groups and build per-parameter state; the C++ core
+        # owns the state, so only the attributes schedulers and scripts read are set here.
         self.core = core
         self.param_groups = param_groups
+        self.defaults = {k: v for k, v in param_groups[0].items() if k != "params"}
         self.state = {}
+        self._opt_called = False
 
     @property
     def loss_scale(self) -> float:
@@ -67,6 +73,10 @@ class ZeroShardOptimizer:
     def step(self, closure=None):
         raise RuntimeError("call engine.step(), not optimizer.step(): the engine runs the "
                            "sharded step at the gradient accumulation boundary")
+
+    def state_dict(self):
+        raise NotImplementedError("optimizer.state_dict: sharded optimizer checkpoints are not "
+                                  "implemented in zeroshard yet")
 
     def __repr__(self):
         return f"ZeroShardOptimizer(stage={self.core.stage}, groups={len(self.param_groups)})"

@@ -118,6 +118,21 @@ def wiring_worker(case):
         client = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         engine, *_ = zeroshard.initialize(model=model, optimizer=client, config=cfg)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    elif case == "client_scheduler":
+        # A torch scheduler built on the client optimizer must drive the engine's lr.
+        del cfg["optimizer"]
+        client = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(client, lambda s: 1.0 / (1 + s))
+        engine, _, _, got = zeroshard.initialize(model=model, optimizer=client, lr_scheduler=sched,
+                                                 config=cfg)
+        assert got is sched
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    elif case == "scheduler_on_returned_optimizer":
+        # The returned optimizer is a torch Optimizer, so a torch scheduler can wrap it.
+        engine, opt, _, _ = zeroshard.initialize(model=model, config=cfg)
+        assert isinstance(opt, torch.optim.Optimizer)
+        engine.lr_scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
     else:  # scheduler from the config: the engine's lr drives the step it reports
         cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3,
                                                              "warmup_num_steps": 5, "warmup_type": "linear"}}
@@ -140,13 +155,18 @@ def wiring_worker(case):
         ref_opt.step()
     for a, b in zip(model.parameters(), ref.parameters()):
         assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+    if case == "client_scheduler":
+        assert lrs == pytest.approx([1e-3 / (1 + s) for s in range(8)])
+    if case == "scheduler_on_returned_optimizer":
+        assert lrs == pytest.approx([1e-3 * 0.5 ** (s // 2) for s in range(8)])
     if case == "scheduler":
         # The schedule drives the very first step (DeepSpeed runs that one at the optimizer's lr).
         assert lrs == pytest.approx([0.0, 0.0, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1e-3])
     dist.barrier()
 
 
-@pytest.mark.parametrize("case", ["param_groups", "client_optimizer", "scheduler"])
+@pytest.mark.parametrize("case", ["param_groups", "client_optimizer", "client_scheduler",
+                                  "scheduler_on_returned_optimizer", "scheduler"])
 def test_optimizer_wiring_matches_torch(case):
     run_distributed(wiring_worker, 2, case)
 

@@ -2,7 +2,7 @@
 same global batch. fp32: every loss and every parameter within 1e-5 relative after 10+ steps
 (per tensor: max|engine - reference| <= 1e-5 * max|reference|).
 
-bf16 runs the model in bf16 with fp32 master weights, while the reference stays in fp32. bf16 keeps
+bf16 (and fp16, with dynamic loss scaling) runs the model in 16 bits with fp32 master weights, while the reference stays in fp32. bf16 keeps
 8 significant bits (unit roundoff 2^-8 = 3.9e-3), so gradients differ from fp32 by about 1%, and
 Adam, which normalises every coordinate, turns the noise in tiny gradients into moves of up to lr:
 a worst-element bound would be meaningless. Stated tolerance: each loss within 2e-2 relative (about
@@ -23,7 +23,7 @@ MICRO = 2
 LR = 1e-3
 
 
-def _config(stage, precision, gas, optimizer, clip, bucket):
+def _config(stage, precision, gas, optimizer, clip, bucket, extra=None):
     cfg = {
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": gas,
@@ -36,6 +36,7 @@ def _config(stage, precision, gas, optimizer, clip, bucket):
         cfg["bf16"] = {"enabled": True}
     if precision == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    cfg.update(extra or {})
     return cfg
 
 
@@ -88,7 +89,7 @@ def _owned_reference(ref_params, rank, world, sharded):
     return flat[rank * shard:(rank + 1) * shard]
 
 
-def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, steps):
+def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, steps, extra=None):
     import torch.distributed as dist
     import zeroshard
 
@@ -96,7 +97,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
     model = MODELS[model_name]()
     reference = copy.deepcopy(model)
     initial = [p.detach().clone() for p in reference.parameters() if p.requires_grad]
-    config = _config(stage, precision, gas, optimizer, clip, bucket)
+    config = _config(stage, precision, gas, optimizer, clip, bucket, extra)
     engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
     ref_params = [p for p in reference.parameters() if p.requires_grad]
@@ -130,6 +131,8 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         ref_opt.step()
         losses.append((float(total) / world, ref_loss))
 
+    if precision == "fp16":
+        assert engine.skipped_steps == 0 and engine.get_loss_scale() == 2.0 ** 8
     if precision == "fp32":
         engine_params = [p for p in engine.module.parameters() if p.requires_grad]
         for i, (a, b) in enumerate(zip(engine_params, ref_params)):
@@ -147,7 +150,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         if os.environ.get("ZEROSHARD_TEST_VERBOSE"):
             print(f"rank {rank}: bf16 master error / movement = {err / moved:.4f}")
         for s, (e, r) in enumerate(losses):
-            assert abs(e - r) <= 2e-2 * abs(r), f"step {s}: bf16 loss {e!r} vs reference {r!r}"
+            assert abs(e - r) <= 2e-2 * abs(r), f"step {s}: {precision} loss {e!r} vs reference {r!r}"
     return losses
 
 
@@ -166,8 +169,12 @@ def test_gpt_parity(stage, precision, gas, world):
     run_distributed(parity_worker, world, "gpt", stage, precision, gas, ADAMW, 0.0, 2000, STEPS)
 
 
-# Every optimizer kind, clipping, and the awkward model (frozen / unused / reused parameters).
+# Every optimizer kind, clipping, the awkward model (frozen / unused / reused parameters), and the
+# gradient-reduction scaling keys (the mean over ranks must come out the same).
 VARIANTS = {
+    "prescale": ("gpt", ADAMW, 0.0, {"prescale_gradients": True}),
+    "predivide": ("gpt", ADAMW, 0.0, {"gradient_predivide_factor": 4.0}),
+    "comm-dtype-fp32": ("gpt", ADAMW, 0.0, {"communication_data_type": "fp32"}),
     "adam-l2": ("gpt", {"type": "Adam", "params": {"lr": LR, "weight_decay": 0.1, "adam_w_mode": False}}, 0.0),
     "sgd-nesterov": ("gpt", {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "nesterov": True,
                                                        "weight_decay": 0.01}}, 0.0),
@@ -176,15 +183,22 @@ VARIANTS = {
     "clipped": ("gpt", ADAMW, 0.05),
     "awkward-model": ("awkward", ADAMW, 0.0),
 }
+VARIANTS = {k: v if len(v) == 4 else v + (None,) for k, v in VARIANTS.items()}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_parity_stage1_world2(name):
-    model_name, optimizer, clip = VARIANTS[name]
-    run_distributed(parity_worker, 2, model_name, 1, "fp32", 2, optimizer, clip, 500, STEPS)
+    model_name, optimizer, clip, extra = VARIANTS[name]
+    run_distributed(parity_worker, 2, model_name, 1, "fp32", 2, optimizer, clip, 500, STEPS, extra)
 
 
-@pytest.mark.parametrize("name", ["awkward-model", "clipped"])
+@pytest.mark.parametrize("name", ["awkward-model", "clipped", "predivide"])
 def test_variant_parity_stage2_world2(name):
-    model_name, optimizer, clip = VARIANTS[name]
-    run_distributed(parity_worker, 2, model_name, 2, "fp32", 2, optimizer, clip, 500, STEPS)
+    model_name, optimizer, clip, extra = VARIANTS[name]
+    run_distributed(parity_worker, 2, model_name, 2, "fp32", 2, optimizer, clip, 500, STEPS, extra)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_fp16_parity_world2(stage):
+    """fp16 with dynamic loss scaling (initial scale 2^8, so steps really are scaled and unscaled)."""
+    run_distributed(parity_worker, 2, "gpt", stage, "fp16", 1, ADAMW, 0.0, 2000, STEPS)

@@ -29,9 +29,12 @@ TEST_CASE("hysteresis delays the halving; the window doubles; min_scale bounds")
   CHECK(s.scale() == 512.0);
   CHECK(s.update(true));           // hysteresis is not refilled until a window completes
   CHECK(s.scale() == 256.0);
+  CHECK_FALSE(s.at_minimum_after_overflow());
   CHECK(s.update(true));
   CHECK(s.scale() == 256.0);       // min_scale
+  CHECK(s.at_minimum_after_overflow());  // the engine raises here, as DeepSpeed does
   CHECK_FALSE(s.update(false));
+  CHECK_FALSE(s.at_minimum_after_overflow());
   CHECK_FALSE(s.update(false));
   CHECK(s.scale() == 256.0);
   CHECK_FALSE(s.update(false));    // third clean step completes the window
