@@ -53,4 +53,24 @@ std::vector<Intersection> intersect(const FlatLayout& layout, ShardRange range) 
   return out;
 }
 
+ChunkLayout make_chunk_layout(const std::vector<int64_t>& numels, int64_t world_size) {
+  ZS_CHECK(world_size >= 1, "make_chunk_layout: world_size must be >= 1, got ", world_size);
+  ChunkLayout L;
+  L.numels = numels;
+  L.world_size = world_size;
+  for (int64_t n : numels) {
+    ZS_CHECK(n >= 0, "make_chunk_layout: negative numel ", n);
+    const int64_t chunk = (n + world_size - 1) / world_size;
+    L.chunks.push_back(chunk);
+    L.local_offsets.push_back(L.shard_numel);
+    L.shard_numel += chunk;
+  }
+  return L;
+}
+
+int64_t ChunkLayout::held_numel(int64_t i, int64_t rank) const {
+  const int64_t begin = rank * chunks[size_t(i)];
+  return std::max<int64_t>(0, std::min(chunks[size_t(i)], numels[size_t(i)] - begin));
+}
+
 }  // namespace zeroshard

@@ -43,4 +43,20 @@ struct Intersection {
 // Every tensor that overlaps `range`, in layout order; empty slices are left out.
 std::vector<Intersection> intersect(const FlatLayout& layout, ShardRange range);
 
+// ZeRO-3 partitions each tensor on its own: tensor i is split into world_size chunks of
+// ceil(numel_i / world_size) elements, rank r holding elements [r*chunk_i, (r+1)*chunk_i) (the last
+// chunks padded). A rank stores its chunks of every tensor back to back, so its shard is
+// contiguous and the chunks of consecutive tensors can be gathered or reduce-scattered together.
+struct ChunkLayout {
+  std::vector<int64_t> numels;
+  std::vector<int64_t> chunks;          // chunk size of tensor i
+  std::vector<int64_t> local_offsets;   // start of tensor i's chunk in every rank's shard
+  int64_t shard_numel = 0;              // sum of chunks: every rank's shard has this size
+  int64_t world_size = 1;
+  // How many of tensor i's elements rank r really holds (the rest of its chunk is padding).
+  int64_t held_numel(int64_t i, int64_t rank) const;
+};
+
+ChunkLayout make_chunk_layout(const std::vector<int64_t>& numels, int64_t world_size);
+
 }  // namespace zeroshard

@@ -29,40 +29,54 @@ int64_t state_tensors(OptimizerKind kind) {
 }
 }  // namespace
 
-FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
-                     int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
-                     bool full_grads, OptimizerKind kind, double initial_accumulator_value,
+FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec,
                      MemoryAccount& memory)
-    : full_grads_(full_grads), memory_(memory) {
+    : full_grads_(spec.full_grads && !spec.partition_params),
+      partitioned_(spec.partition_params),
+      memory_(memory) {
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no trainable parameters");
   std::vector<int64_t> numels;
   for (const auto& p : params) {
     numels.push_back(p.numel());
     shapes_.push_back(p.sizes().vec());
   }
-  layout_ = make_flat_layout(numels, world_size, alignment_numel);
-  owned_ = sharded ? shard_range(layout_.padded_numel, rank, world_size)
-                   : ShardRange{0, layout_.padded_numel};
-
-  const auto opts = params[0].options().dtype(model_dtype);
-  // Zero-filled so the padding tail never carries garbage into norms or collectives.
-  params_ = at::zeros({layout_.padded_numel}, opts);
-  for (size_t i = 0; i < params.size(); ++i) {
-    params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
-  }
-  grads_ = at::zeros({full_grads ? layout_.padded_numel : owned_.numel()}, opts);
-
+  const int64_t world = spec.world_size, rank = spec.rank;
+  layout_ = make_flat_layout(numels, world, spec.alignment_numel);
+  chunks_ = make_chunk_layout(numels, world);
+  const auto opts = params[0].options().dtype(spec.model_dtype);
   const auto fp32 = params[0].options().dtype(at::kFloat);
-  if (model_dtype != at::kFloat) {
-    // Master weights seeded from the caller's fp32 values, not from the rounded 16-bit copy.
-    master_ = at::zeros({owned_.numel()}, fp32);
-    for (const auto& piece : intersect(layout_, owned_)) {
-      master_.narrow(0, piece.buffer_begin - owned_.begin, piece.numel)
-          .copy_(params[piece.index].reshape(-1).narrow(0, piece.tensor_begin, piece.numel));
+  const bool mixed = spec.model_dtype != at::kFloat;
+  // Zero-filled so padding never carries garbage into norms or collectives.
+  if (partitioned_) {
+    owned_ = {0, chunks_.shard_numel};
+    params_ = at::zeros({owned_.numel()}, opts);
+    if (mixed) master_ = at::zeros({owned_.numel()}, fp32);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t held = chunks_.held_numel(int64_t(i), rank);
+      if (held == 0) continue;
+      at::Tensor mine = params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
+      params_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
+      if (mixed) master_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
+    }
+  } else {
+    owned_ = spec.shard_state ? shard_range(layout_.padded_numel, rank, world)
+                              : ShardRange{0, layout_.padded_numel};
+    params_ = at::zeros({layout_.padded_numel}, opts);
+    for (size_t i = 0; i < params.size(); ++i) {
+      params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
+    }
+    if (mixed) {
+      // Master weights seeded from the caller's fp32 values, not from the rounded 16-bit copy.
+      master_ = at::zeros({owned_.numel()}, fp32);
+      for (const auto& piece : intersect(layout_, owned_)) {
+        master_.narrow(0, piece.buffer_begin - owned_.begin, piece.numel)
+            .copy_(params[piece.index].reshape(-1).narrow(0, piece.tensor_begin, piece.numel));
+      }
     }
   }
-  for (int64_t i = 0; i < state_tensors(kind); ++i) {
-    const double fill = kind == OptimizerKind::adagrad ? initial_accumulator_value : 0.0;
+  grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
+  for (int64_t i = 0; i < state_tensors(spec.kind); ++i) {
+    const double fill = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
     state_.push_back(at::full({owned_.numel()}, fill, fp32));
   }
 
@@ -92,7 +106,11 @@ std::vector<at::Tensor> FlatGroup::views(const at::Tensor& flat) const {
   return out;
 }
 
-std::vector<at::Tensor> FlatGroup::param_views() const { return views(params_); }
+std::vector<at::Tensor> FlatGroup::param_views() const {
+  ZS_CHECK(!partitioned_, "FlatGroup::param_views: parameters are partitioned (stage 3); they are "
+                          "gathered module by module");
+  return views(params_);
+}
 std::vector<at::Tensor> FlatGroup::grad_views() const {
   ZS_CHECK(full_grads_, "FlatGroup::grad_views: this group keeps only its gradient shard");
   return views(grads_);

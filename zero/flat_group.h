@@ -16,21 +16,35 @@ enum class OptimizerKind { adam, sgd, adagrad, lion };
 
 OptimizerKind optimizer_kind(const std::string& canonical_type);
 
+// How a group is laid out and what each rank keeps; the stage strategy decides.
+struct GroupSpec {
+  at::ScalarType model_dtype = at::kFloat;
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t alignment_numel = 16;
+  bool shard_state = false;       // stages 1-3: master weights and optimizer state are sharded
+  bool full_grads = true;         // stages 0-1: full flat gradients; else only the owned shard
+  bool partition_params = false;  // stage 3: only this rank's chunks of each parameter are kept
+  OptimizerKind kind = OptimizerKind::adam;
+  double initial_accumulator_value = 0.0;
+};
+
 class FlatGroup {
  public:
-  // `params` are the group's trainable tensors in fp32 (their values seed the master copy);
-  // the flat buffers are created in `model_dtype` on the params' device. `owned` is the slice of
-  // the padded buffer whose optimizer state lives on this rank; with full_grads false only that
-  // range's gradients are kept (stage 2).
-  FlatGroup(const std::vector<at::Tensor>& params, at::ScalarType model_dtype,
-            int64_t world_size, int64_t alignment_numel, int64_t rank, bool sharded,
-            bool full_grads, OptimizerKind kind, double initial_accumulator_value,
-            MemoryAccount& memory);
+  // `params` are the group's trainable tensors in fp32 (their values seed the master copy); the
+  // buffers are created in spec.model_dtype on the params' device. `owned()` is the range of the
+  // buffer whose optimizer state lives on this rank: a slice of the padded flat buffer (stages
+  // 0-2), or this rank's whole chunk shard (stage 3, see ChunkLayout).
+  FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec, MemoryAccount& memory);
   ~FlatGroup();
   FlatGroup(const FlatGroup&) = delete;
   FlatGroup& operator=(const FlatGroup&) = delete;
 
   const FlatLayout& layout() const { return layout_; }
+  bool partitioned() const { return partitioned_; }
+  const ChunkLayout& chunk_layout() const { return chunks_; }
+  int64_t num_tensors() const { return int64_t(shapes_.size()); }
+  const std::vector<int64_t>& shape(int64_t i) const { return shapes_[size_t(i)]; }
   ShardRange owned() const { return owned_; }
   at::Tensor params() const { return params_; }
   // The full flat gradient buffer (full_grads), or the owned shard's gradients.
@@ -51,9 +65,11 @@ class FlatGroup {
   std::vector<at::Tensor> views(const at::Tensor& flat) const;
 
   FlatLayout layout_;
+  ChunkLayout chunks_;
   std::vector<std::vector<int64_t>> shapes_;
   ShardRange owned_;
   bool full_grads_;
+  bool partitioned_;
   at::Tensor params_;
   at::Tensor grads_;
   at::Tensor master_;

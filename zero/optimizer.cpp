@@ -48,13 +48,19 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
       kind_(optimizer_kind(optimizer.type)) {
   ZS_CHECK(comm_, "ZeroOptimizer: no communicator");
   ZS_CHECK(!groups.empty(), "ZeroOptimizer: no parameter groups with trainable parameters");
-  const bool sharded = strategy_->shards_optimizer_state();
+  GroupSpec spec;
+  spec.model_dtype = model_dtype;
+  spec.world_size = comm_->world_size();
+  spec.rank = comm_->rank();
+  spec.alignment_numel = kAlignmentNumel;
+  spec.shard_state = strategy_->shards_optimizer_state();
+  spec.full_grads = strategy_->keeps_full_grads();
+  spec.partition_params = strategy_->partitions_params();
+  spec.kind = kind_;
+  spec.initial_accumulator_value = optimizer_.initial_accumulator_value;
   std::vector<FlatGroup*> raw;
   for (const auto& params : groups) {
-    groups_.push_back(std::make_unique<FlatGroup>(
-        broadcast_from_rank0(params), model_dtype, comm_->world_size(), kAlignmentNumel,
-        comm_->rank(), sharded, strategy_->keeps_full_grads(), kind_,
-        optimizer_.initial_accumulator_value, memory_));
+    groups_.push_back(std::make_unique<FlatGroup>(broadcast_from_rank0(params), spec, memory_));
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
@@ -65,6 +71,10 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ro.gradient_predivide_factor = config.gradient_predivide_factor;
   ro.comm_dtype = comm_dtype(config.communication_data_type);
   reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
+  if (strategy_->partitions_params()) {
+    coordinator_ = std::make_unique<ParamCoordinator>(
+        raw, comm_, config.zero_optimization.stage3_param_persistence_threshold, memory_);
+  }
   group_steps_.assign(groups_.size(), 0);
 }
 
@@ -192,6 +202,7 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
     apply(*groups_[i], int64_t(i), hypers[i], grad_scale);
     strategy_->sync_params(*groups_[i], *comm_);
   }
+  if (coordinator_) coordinator_->refresh_persistent();
   zero_grad();
   r.applied = true;
   return r;
@@ -199,6 +210,12 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
 
 void ZeroOptimizer::after_backward(bool accumulation_boundary) {
   if (accumulation_boundary || !strategy_->keeps_full_grads()) reducer_->finish();
+  if (coordinator_) coordinator_->release_all();
+}
+
+ParamCoordinator& ZeroOptimizer::coordinator() {
+  ZS_CHECK(coordinator_, "ZeroOptimizer::coordinator: only stage 3 partitions parameters");
+  return *coordinator_;
 }
 
 void ZeroOptimizer::zero_grad() {

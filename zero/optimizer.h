@@ -13,6 +13,7 @@
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
 #include "zero/grad_reducer.h"
+#include "zero/param_coordinator.h"
 #include "zero/reducer.h"
 #include "zero/strategy.h"
 
@@ -52,11 +53,15 @@ class ZeroOptimizer {
   // Parameter `param_index`'s gradient for this backward is final (hook on the autograd thread).
   void grad_ready(int64_t param_index, const at::Tensor& grad) {
     reducer_->grad_ready(param_index, grad);
+    if (coordinator_) coordinator_->grad_done(param_index);
   }
   // Called when backward returns: reduces what this stage reduces after this backward (stages
   // 0/1 at the accumulation boundary only, stage 2 every micro-step) and waits for it.
   void after_backward(bool accumulation_boundary);
   bool keeps_full_grads() const { return strategy_->keeps_full_grads(); }
+  bool partitions_params() const { return strategy_->partitions_params(); }
+  // Stage 3 only: the parameter coordinator the engine's module hooks drive.
+  ParamCoordinator& coordinator();
   // The factor backward multiplies the loss by (loss scale; 1 without fp16).
   double loss_scale() const { return scaler_.scale(); }
   StepResult step(const std::vector<GroupHyper>& hypers);
@@ -83,6 +88,7 @@ class ZeroOptimizer {
   std::unique_ptr<ZeroStrategy> strategy_;
   std::vector<std::unique_ptr<FlatGroup>> groups_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
   LossScaler scaler_;
   OptimizerKind kind_;
   std::vector<int64_t> group_steps_;

@@ -10,9 +10,10 @@ std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
     case 0: return make_stage0();
     case 1: return make_stage1();
     case 2: return make_stage2();
+    case 3: return make_stage3();
     default:
       throw ConfigError(detail::cat("zero_optimization.stage: got ", config.stage,
-                                    ", but this build implements stages 0, 1 and 2 only"));
+                                    ", expected one of 0, 1, 2, 3"));
   }
 }
 

@@ -22,6 +22,8 @@ class ZeroStrategy {
   // True when each rank keeps full gradients (param.grad views into a flat buffer, reduced at the
   // accumulation boundary); false when only the owned shard is kept, reduced every micro-step.
   virtual bool keeps_full_grads() const = 0;
+  // True when each rank keeps only its chunks of every parameter (stage 3).
+  virtual bool partitions_params() const { return false; }
   virtual std::unique_ptr<Reducer> make_reducer(const std::vector<FlatGroup*>& groups,
                                                 std::shared_ptr<Comm> comm,
                                                 const ReduceOptions& options,
@@ -36,6 +38,7 @@ std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config);
 std::unique_ptr<ZeroStrategy> make_stage0();
 std::unique_ptr<ZeroStrategy> make_stage1();
 std::unique_ptr<ZeroStrategy> make_stage2();
+std::unique_ptr<ZeroStrategy> make_stage3();
 
 // Shared by the stages that shard parameters' optimizer state but keep full parameters (1 and 2):
 // all-gathers the updated owned ranges so every rank holds the full parameters again.

@@ -111,6 +111,21 @@ void bind_zero(py::module_& m) {
       .def("after_backward", &ZeroOptimizer::after_backward, py::arg("accumulation_boundary"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)
+      .def_property_readonly("partitions_params", &ZeroOptimizer::partitions_params)
+      // Stage 3: the engine's module hooks drive the parameter coordinator.
+      .def("attach_parameters",
+           [](ZeroOptimizer& o, const std::vector<at::Tensor>& params) { o.coordinator().attach(params); },
+           py::arg("params"), py::call_guard<py::gil_scoped_release>())
+      .def("register_module",
+           [](ZeroOptimizer& o, int64_t id, const std::vector<int64_t>& params) {
+             o.coordinator().register_module(id, params);
+           },
+           py::arg("module_id"), py::arg("param_indices"))
+      .def("fetch", [](ZeroOptimizer& o, int64_t id, bool bwd) { o.coordinator().fetch(id, bwd); },
+           py::arg("module_id"), py::arg("for_backward") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("release", [](ZeroOptimizer& o, int64_t id) { o.coordinator().release(id); },
+           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
       .def("step",
            [](ZeroOptimizer& o, const py::list& groups) {
              std::vector<GroupHyper> hypers;

@@ -15,6 +15,7 @@ from zeroshard.dataloader import make_dataloader
 from zeroshard.log import log_rank0, logger
 from zeroshard.lr_schedules import ConfigLRScheduler
 from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec, param_group_defaults
+from zeroshard.zero import hooks as zero_hooks
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -151,8 +152,13 @@ class ZeroShardEngine(torch.nn.Module):
             self.module.to(self.dtype)
         self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
         self._params = [p for _, ps in groups for p in ps]
-        for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
-            p.data = view
+        if self._core.partitions_params:
+            # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
+            self._core.attach_parameters(self._params)
+            self._zero3_hooks = zero_hooks.install(self._core, self.module, self._params)
+        else:
+            for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
+                p.data = view
         if self._core.keeps_full_grads:
             grad_views = [v for vs in self._core.grad_views() for v in vs]
         else:

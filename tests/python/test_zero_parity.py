@@ -28,7 +28,10 @@ def _config(stage, precision, gas, optimizer, clip, bucket, extra=None):
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": gas,
         "optimizer": optimizer,
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket},
+        # Stage 3 partitions every parameter here (DeepSpeed's default keeps those under 1e5
+        # elements whole, which would be all of this small model).
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket,
+                              **({"stage3_param_persistence_threshold": 0} if stage == 3 else {})},
         "gradient_clipping": clip,
         "steps_per_print": 1000,
     }
@@ -89,6 +92,17 @@ def _owned_reference(ref_params, rank, world, sharded):
     return flat[rank * shard:(rank + 1) * shard]
 
 
+def _chunks(tensors, rank, world):
+    """This rank's ZeRO-3 chunk of each tensor (ceil(numel / world) elements, zero-padded)."""
+    out = []
+    for t in tensors:
+        flat = t.detach().reshape(-1).float()
+        chunk = (flat.numel() + world - 1) // world
+        piece = flat[rank * chunk:(rank + 1) * chunk]
+        out.append(torch.cat([piece, piece.new_zeros(chunk - piece.numel())]))
+    return out
+
+
 def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, steps, extra=None):
     import torch.distributed as dist
     import zeroshard
@@ -133,7 +147,17 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
 
     if precision == "fp16":
         assert engine.skipped_steps == 0 and engine.get_loss_scale() == 2.0 ** 8
-    if precision == "fp32":
+    if stage == 3 and precision == "fp32":
+        # Parameters are released between steps; each rank's fp32 chunks are the parameters.
+        expect = _chunks(ref_params, rank, world)
+        got = engine._core.master(0).split([e.numel() for e in expect])
+        for i, (a, b) in enumerate(zip(got, expect)):
+            err = (a - b).abs().max().item()
+            scale = ref_params[i].detach().abs().max().item()
+            assert err <= 1e-5 * scale, f"rank {rank}: parameter {i} differs by {err:.3e} (scale {scale:.3e})"
+        for s, (e, r) in enumerate(losses):
+            assert abs(e - r) <= 1e-5 * abs(r), f"step {s}: loss {e!r} vs reference {r!r}"
+    elif precision == "fp32":
         engine_params = [p for p in engine.module.parameters() if p.requires_grad]
         for i, (a, b) in enumerate(zip(engine_params, ref_params)):
             err = (a.detach().float() - b.detach()).abs().max().item()
@@ -143,8 +167,12 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
             assert abs(e - r) <= 1e-5 * abs(r), f"step {s}: loss {e!r} vs reference {r!r}"
     else:
         master = engine._core.master(0)
-        expect = _owned_reference(ref_params, rank, world, sharded=stage >= 1)
-        moved = (expect - _owned_reference(initial, rank, world, sharded=stage >= 1)).norm().item()
+        if stage == 3:
+            expect = torch.cat(_chunks(ref_params, rank, world))
+            moved = (expect - torch.cat(_chunks(initial, rank, world))).norm().item()
+        else:
+            expect = _owned_reference(ref_params, rank, world, sharded=stage >= 1)
+            moved = (expect - _owned_reference(initial, rank, world, sharded=stage >= 1)).norm().item()
         err = (master - expect).norm().item()
         assert err <= 0.1 * moved, f"rank {rank}: bf16 masters off by {err:.3e}, reference moved {moved:.3e}"
         if os.environ.get("ZEROSHARD_TEST_VERBOSE"):
@@ -158,7 +186,7 @@ ADAMW = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}}
 
 # The matrix the contract names: stages x precision x GAS x world, on the small GPT.
 MATRIX = [(stage, precision, gas, world)
-          for stage in (0, 1, 2) for precision in ("fp32", "bf16") for gas in (1, 2)
+          for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16") for gas in (1, 2)
           for world in (1, 2, 4)]
 
 
@@ -192,10 +220,11 @@ def test_variant_parity_stage1_world2(name):
     run_distributed(parity_worker, 2, model_name, 1, "fp32", 2, optimizer, clip, 500, STEPS, extra)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("name", ["awkward-model", "clipped", "predivide"])
-def test_variant_parity_stage2_world2(name):
+def test_variant_parity_stage2_3_world2(name, stage):
     model_name, optimizer, clip, extra = VARIANTS[name]
-    run_distributed(parity_worker, 2, model_name, 2, "fp32", 2, optimizer, clip, 500, STEPS, extra)
+    run_distributed(parity_worker, 2, model_name, stage, "fp32", 2, optimizer, clip, 500, STEPS, extra)
 
 
 @pytest.mark.parametrize("stage", [1, 2])

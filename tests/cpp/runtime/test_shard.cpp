@@ -62,3 +62,24 @@ TEST_CASE("shard_range rejects ranks outside the world") {
   CHECK_THROWS_AS(shard_range(64, -1, 4), Error);
   CHECK_THROWS_AS(shard_range(63, 0, 4), Error);
 }
+
+TEST_CASE("chunk layouts give every element of every tensor to exactly one rank") {
+  for (int64_t world = 1; world <= 8; ++world) {
+    const std::vector<int64_t> numels = {1, 7, 0, 64, 1001, 3};
+    const ChunkLayout L = make_chunk_layout(numels, world);
+    int64_t offset = 0;
+    for (size_t i = 0; i < numels.size(); ++i) {
+      REQUIRE(L.local_offsets[i] == offset);
+      REQUIRE(L.chunks[i] * world >= numels[i]);
+      REQUIRE(L.chunks[i] * world - numels[i] < world);
+      int64_t held = 0;
+      for (int64_t r = 0; r < world; ++r) {
+        REQUIRE(L.held_numel(int64_t(i), r) <= L.chunks[i]);
+        held += L.held_numel(int64_t(i), r);
+      }
+      REQUIRE(held == numels[i]);
+      offset += L.chunks[i];
+    }
+    REQUIRE(L.shard_numel == offset);
+  }
+}

@@ -1,0 +1,4 @@
+"""ZeRO-3 helpers with DeepSpeed's names (deepspeed.zero.*)."""
+from zeroshard.zero.hooks import register_external_parameter
+
+__all__ = ["register_external_parameter"]
