@@ -26,13 +26,14 @@ def main():
     torch.manual_seed(1234)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     model = GPT(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.n_layers)
+    n_params = num_params(model)  # counted now: ZeRO-3 leaves each rank only its chunks
     data = ByteWindows(stdlib_text_bytes(), args.seq_len)
     engine, _, loader, _ = zeroshard.initialize(args=args, model=model,
                                                 model_parameters=model.parameters(),
                                                 training_data=data)
     rank = engine.global_rank
     if rank == 0:
-        print(f"GPT with {num_params(model) / 1e6:.2f}M parameters, {len(data)} windows of "
+        print(f"GPT with {n_params / 1e6:.2f}M parameters, {len(data)} windows of "
               f"{args.seq_len + 1} bytes of standard-library source", flush=True)
 
     first_loss = last_loss = None
@@ -53,7 +54,8 @@ def main():
     elapsed = time.perf_counter() - t0
     samples = engine.global_steps * engine.train_batch_size()
     mem = engine.memory_bytes()
-    print(f"[rank {rank}] done: {engine.global_steps} steps, loss {first_loss:.3f} -> "
+    # The launcher prefixes every line with its rank.
+    print(f"done: {engine.global_steps} steps, loss {first_loss:.3f} -> "
           f"{last_loss:.3f}, {samples / elapsed:.1f} samples/s ({elapsed:.1f} s), model state: "
           + " ".join(f"{k}={v / 1e6:.2f}MB" for k, v in mem.items() if v or k != "gathered_parameters"),
           flush=True)

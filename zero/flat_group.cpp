@@ -120,6 +120,15 @@ at::Tensor FlatGroup::owned_grads() const {
   return full_grads_ ? grads_.narrow(0, owned_.begin, owned_.numel()) : grads_;
 }
 
+void FlatGroup::write_chunk(int64_t i, const at::Tensor& full, int64_t rank) {
+  ZS_CHECK(partitioned_, "FlatGroup::write_chunk: only partitioned (stage 3) groups keep chunks");
+  const int64_t held = chunks_.held_numel(i, rank);
+  if (held == 0) return;
+  at::Tensor mine = full.reshape(-1).narrow(0, rank * chunks_.chunks[size_t(i)], held);
+  params_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
+  if (master_.defined()) master_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
+}
+
 at::Tensor FlatGroup::master() const {
   return master_.defined() ? master_ : params_.narrow(0, owned_.begin, owned_.numel());
 }

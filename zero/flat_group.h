@@ -58,6 +58,9 @@ class FlatGroup {
   std::vector<at::Tensor> grad_views() const;
   // fp32 values of the owned range: the master copy, or the owned slice of the fp32 params.
   at::Tensor master() const;
+  // Stage 3: takes tensor i's full values (edited by the user) into this rank's chunk of the
+  // parameters and of the master weights.
+  void write_chunk(int64_t i, const at::Tensor& full, int64_t rank);
   std::vector<at::Tensor>& state() { return state_; }
   bool mixed_precision() const { return master_.defined(); }
 

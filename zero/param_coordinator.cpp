@@ -89,6 +89,29 @@ void ParamCoordinator::release(int64_t module_id) {
   }
 }
 
+void ParamCoordinator::fetch_params(const std::vector<int64_t>& indices) {
+  std::vector<int64_t> missing;
+  for (int64_t i : indices) {
+    Param& p = params_.at(size_t(i));
+    if (!p.gathered && std::find(missing.begin(), missing.end(), i) == missing.end()) missing.push_back(i);
+    ++p.refs;
+  }
+  gather(missing);
+}
+
+void ParamCoordinator::release_params(const std::vector<int64_t>& indices) {
+  for (int64_t i : indices) {
+    Param& p = params_.at(size_t(i));
+    if (p.refs > 0 && --p.refs == 0 && !p.persistent) drop(p);
+  }
+}
+
+void ParamCoordinator::write_back(int64_t param_index) {
+  Param& p = params_.at(size_t(param_index));
+  ZS_CHECK(p.gathered, "write_back: parameter ", param_index, " is not gathered");
+  groups_[size_t(p.group)]->write_chunk(p.index, p.tensor, comm_->rank());
+}
+
 void ParamCoordinator::grad_done(int64_t param_index) {
   Param& done = params_.at(size_t(param_index));
   done.grad_done = true;

@@ -31,6 +31,11 @@ class ParamCoordinator {
   void fetch(int64_t module_id, bool for_backward);
   void release(int64_t module_id);
   void grad_done(int64_t param_index);
+  // GatheredParameters: the same refcounted gather and release for a list of parameters, and
+  // taking a gathered parameter's (edited) full values back into this rank's chunks.
+  void fetch_params(const std::vector<int64_t>& param_indices);
+  void release_params(const std::vector<int64_t>& param_indices);
+  void write_back(int64_t param_index);
   // End of backward: releases everything gathered that is not persistent.
   void release_all();
   // After a step: persistent parameters take their updated values from every rank's chunks.

@@ -82,6 +82,8 @@ void bind_zero(py::module_& m) {
     d["zero_allow_untested_optimizer"] = c->zero_allow_untested_optimizer;
     d["offload_optimizer"] = c->zero_optimization.offload_optimizer.device;
     d["offload_param"] = c->zero_optimization.offload_param.device;
+    d["gather_16bit_weights_on_model_save"] =
+        c->zero_optimization.stage3_gather_16bit_weights_on_model_save;
     return d;
   });
 
@@ -126,6 +128,14 @@ void bind_zero(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release", [](ZeroOptimizer& o, int64_t id) { o.coordinator().release(id); },
            py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+      .def("fetch_params",
+           [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().fetch_params(ids); },
+           py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
+      .def("release_params",
+           [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().release_params(ids); },
+           py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
+      .def("write_back", [](ZeroOptimizer& o, int64_t i) { o.coordinator().write_back(i); },
+           py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
       .def("step",
            [](ZeroOptimizer& o, const py::list& groups) {
              std::vector<GroupHyper> hypers;

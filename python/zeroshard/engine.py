@@ -102,7 +102,7 @@ class ZeroShardEngine(torch.nn.Module):
         log_rank0(f"ZeRO stage {self._core.stage}, {s['precision']}, world {self.world_size}, "
                   f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
-                  f"buckets; model state per rank: {self._core.memory.summary()}", self.global_rank)
+                  f"bucket(s); model state per rank: {self._core.memory.summary()}", self.global_rank)
 
     # ----- set-up -----
     def _optimizer_spec(self, client_optimizer, model_parameters):
@@ -156,6 +156,8 @@ class ZeroShardEngine(torch.nn.Module):
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._core.attach_parameters(self._params)
             self._zero3_hooks = zero_hooks.install(self._core, self.module, self._params)
+            for i, p in enumerate(self._params):  # for GatheredParameters
+                p._zeroshard_core, p._zeroshard_index = self._core, i
         else:
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
                 p.data = view
@@ -311,6 +313,32 @@ class ZeroShardEngine(torch.nn.Module):
 
     def bfloat16_enabled(self):
         return self._settings["precision"] == "bf16"
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        """Writes the module's 16-bit state_dict from rank 0 (all ranks must call it). Under ZeRO-3
+        it gathers the parameters only when stage3_gather_16bit_weights_on_model_save is set, and
+        otherwise returns False without writing, as DeepSpeed does."""
+        if self._core.partitions_params and not self._settings["gather_16bit_weights_on_model_save"]:
+            log_rank0("save_16bit_model: ZeRO-3 parameters are partitioned and "
+                      "zero_optimization.stage3_gather_16bit_weights_on_model_save is false; "
+                      "nothing written", self.global_rank)
+            return False
+        from zeroshard.zero.gathered import GatheredParameters
+        with GatheredParameters(self._params):
+            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        if self.global_rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            tmp = path + ".tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)  # never a half-written file under the final name
+        if self.world_size > 1:
+            dist.barrier()
+        return True
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):

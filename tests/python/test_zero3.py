@@ -1,0 +1,119 @@
+"""ZeRO-3 around the training loop: GatheredParameters (with a modifier rank), save_16bit_model,
+and parameters used outside their own module (register_external_parameter)."""
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness import run_distributed
+from models import global_batch, tiny_gpt
+
+
+def _config(**zero):
+    return {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **zero}}
+
+
+def gathered_worker():
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank = int(os.environ["RANK"])
+    model = tiny_gpt()
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, config=_config())
+    weight, ref_weight = model.blocks[0].fc.weight, reference.blocks[0].fc.weight
+    assert weight.numel() == 0                      # partitioned: nothing whole on any rank
+    with GatheredParameters([weight]):
+        assert torch.equal(weight, ref_weight)      # whole, and rank 0's initial values
+    assert weight.numel() == 0                      # released again
+    with GatheredParameters(weight, modifier_rank=0):
+        if rank == 0:
+            with torch.no_grad():
+                weight.fill_(0.5)                   # only rank 0 edits
+    with GatheredParameters(weight):
+        assert torch.all(weight == 0.5)             # every rank sees rank 0's edit
+    loss = engine(global_batch("gpt", 0, 4)[2 * rank:2 * rank + 2])
+    engine.backward(loss)
+    engine.step()                                   # training goes on from the edited values
+    with GatheredParameters(weight):
+        assert weight.shape == ref_weight.shape and not torch.all(weight == 0.5)
+
+
+def test_gathered_parameters_and_modifier_rank():
+    run_distributed(gathered_worker, 2)
+
+
+def save_worker(tmp, gather):
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    model = tiny_gpt()
+    engine, *_ = zeroshard.initialize(
+        model=model, config=_config(stage3_gather_16bit_weights_on_model_save=gather))
+    wrote = engine.save_16bit_model(tmp)
+    assert wrote == gather
+    path = os.path.join(tmp, "pytorch_model.bin")
+    assert os.path.exists(path) == gather
+    if gather:
+        saved = torch.load(path)
+        with GatheredParameters(list(model.parameters())):
+            for name, value in model.state_dict().items():
+                assert torch.equal(saved[name], value), name
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_save_16bit_model(tmp_path, gather):
+    run_distributed(save_worker, 2, str(tmp_path), gather)
+
+
+class SharedHead(nn.Module):
+    """The output layer reuses the embedding's weight inside the parent's forward."""
+
+    def __init__(self, register):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(16, 8)
+        self.mix = nn.Linear(8, 8)
+        if register:
+            from zeroshard.zero import register_external_parameter
+            register_external_parameter(self, self.emb.weight)
+
+    def forward(self, batch):
+        h = torch.tanh(self.mix(self.emb(batch[:, :-1])))
+        logits = F.linear(h, self.emb.weight)
+        return F.cross_entropy(logits.reshape(-1, 16), batch[:, 1:].reshape(-1))
+
+
+def external_worker(register):
+    import zeroshard
+    rank = int(os.environ["RANK"])
+    model = SharedHead(register)
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, config=_config())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(5):
+        batch = torch.randint(0, 16, (4, 6), generator=g)
+        loss = engine(batch[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        ref_opt.zero_grad()
+        for m in range(2):
+            (reference(batch[2 * m:2 * m + 2]) / 2).backward()
+        ref_opt.step()
+    from zeroshard.zero import GatheredParameters
+    with GatheredParameters(list(model.parameters())):
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+
+
+def test_register_external_parameter():
+    run_distributed(external_worker, 2, True)
+
+
+def test_an_unregistered_external_parameter_fails_loudly():
+    with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 failed"):
+        run_distributed(external_worker, 2, False)
