@@ -72,8 +72,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ro.comm_dtype = comm_dtype(config.communication_data_type);
   reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
   if (strategy_->partitions_params()) {
-    coordinator_ = std::make_unique<ParamCoordinator>(
-        raw, comm_, config.zero_optimization.stage3_param_persistence_threshold, memory_);
+    coordinator_ = std::make_unique<ParamCoordinator>(raw, comm_, config.zero_optimization, memory_);
   }
   group_steps_.assign(groups_.size(), 0);
 }

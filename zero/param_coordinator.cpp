@@ -1,36 +1,46 @@
-// ZeRO-3 parameter gathering and release; see param_coordinator.h.
+// ZeRO-3 parameter gathering, prefetch and release; see param_coordinator.h.
 #include "zero/param_coordinator.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <map>
+#include <cstdio>
 
 #include "runtime/error.h"
 
 namespace zeroshard {
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                                   int64_t persistence_threshold, MemoryAccount& memory)
+                                   const ZeroConfig& config, MemoryAccount& memory)
     : groups_(std::move(groups)), comm_(std::move(comm)),
-      persistence_threshold_(persistence_threshold), memory_(memory) {
+      persistence_threshold_(config.stage3_param_persistence_threshold),
+      prefetch_numel_(config.stage3_prefetch_bucket_size),
+      max_live_numel_(config.stage3_max_live_parameters),
+      reuse_distance_numel_(config.stage3_max_reuse_distance),
+      memory_(memory) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (int64_t i = 0; i < groups_[g]->num_tensors(); ++i) {
       Param p;
       p.group = int64_t(g);
       p.index = i;
-      p.persistent = groups_[g]->chunk_layout().numels[size_t(i)] < persistence_threshold_;
+      p.numel = groups_[g]->chunk_layout().numels[size_t(i)];
+      p.persistent = p.numel < persistence_threshold_;
       params_.push_back(std::move(p));
     }
   }
 }
 
 ParamCoordinator::~ParamCoordinator() {
+  for (auto& [id, g] : gathers_) {
+    try {
+      g.work.wait();  // a collective in flight must finish before its buffers go
+    } catch (const std::exception&) {
+    }
+  }
   for (auto& p : params_) {
     if (p.gathered) {
-      const int64_t bytes = p.tensor.defined() ? int64_t(p.tensor.nbytes()) : 0;
       memory_.release(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                      bytes);
+                      int64_t(p.tensor.nbytes()));
     }
   }
 }
@@ -38,15 +48,15 @@ ParamCoordinator::~ParamCoordinator() {
 void ParamCoordinator::attach(const std::vector<at::Tensor>& params) {
   ZS_CHECK(params.size() == params_.size(), "ParamCoordinator::attach: got ", params.size(),
            " parameters, expected ", params_.size());
-  for (size_t i = 0; i < params.size(); ++i) params_[i].tensor = params[i];
   std::vector<int64_t> persistent;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].persistent) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params_[i];
+    p.tensor = params[i];
+    if (p.persistent) {
       persistent.push_back(int64_t(i));
     } else {
-      params_[i].gathered = true;  // holds the caller's full values until released here
-      memory_.add(MemoryCategory::gathered_parameters, int64_t(params_[i].tensor.nbytes()));
-      drop(params_[i]);
+      // Held the caller's full values until now; from here on only the chunks remain.
+      p.tensor.set_data(at::empty({0}, p.tensor.options()));
     }
   }
   gather(persistent);
@@ -55,11 +65,13 @@ void ParamCoordinator::attach(const std::vector<at::Tensor>& params) {
 void ParamCoordinator::register_module(int64_t module_id, const std::vector<int64_t>& param_indices) {
   ZS_CHECK(module_id >= 0, "ParamCoordinator::register_module: negative module id");
   if (size_t(module_id) >= modules_.size()) modules_.resize(size_t(module_id) + 1);
-  for (int64_t p : param_indices) {
-    ZS_CHECK(p >= 0 && size_t(p) < params_.size(), "ParamCoordinator::register_module: parameter ",
-             p, " is outside 0..", params_.size() - 1);
-    modules_[size_t(module_id)].params.push_back(p);
-    params_[size_t(p)].modules.push_back(module_id);
+  Module& m = modules_[size_t(module_id)];
+  for (int64_t i : param_indices) {
+    ZS_CHECK(i >= 0 && size_t(i) < params_.size(), "ParamCoordinator::register_module: parameter ",
+             i, " is outside 0..", params_.size() - 1);
+    m.params.push_back(i);
+    params_[size_t(i)].modules.push_back(module_id);
+    if (!params_[size_t(i)].persistent) m.numel += params_[size_t(i)].numel;
   }
 }
 
@@ -70,46 +82,99 @@ void ParamCoordinator::check_module(int64_t module_id) const {
 
 void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   check_module(module_id);
+  if (!trace_.on_fetch(module_id)) {
+    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order changed (module %lld "
+                 "was not next); prefetching stops and the order is recorded again\n",
+                 comm_->rank(), static_cast<long long>(module_id));
+  }
   Module& m = modules_[size_t(module_id)];
-  std::vector<int64_t> missing;
-  for (int64_t i : m.params) {
-    Param& p = params_[size_t(i)];
-    if (!p.gathered && std::find(missing.begin(), missing.end(), i) == missing.end()) missing.push_back(i);
-    ++p.refs;
-  }
-  gather(missing);
+  fetch_params(m.params);
   if (for_backward) ++m.backward_fetches;
-}
-
-void ParamCoordinator::release(int64_t module_id) {
-  check_module(module_id);
-  for (int64_t i : modules_[size_t(module_id)].params) {
-    Param& p = params_[size_t(i)];
-    if (p.refs > 0 && --p.refs == 0 && !p.persistent) drop(p);
-  }
+  prefetch();
 }
 
 void ParamCoordinator::fetch_params(const std::vector<int64_t>& indices) {
   std::vector<int64_t> missing;
+  int64_t need = 0;
   for (int64_t i : indices) {
     Param& p = params_.at(size_t(i));
-    if (!p.gathered && std::find(missing.begin(), missing.end(), i) == missing.end()) missing.push_back(i);
+    if (p.in_flight >= 0) complete_gather(p.in_flight);  // prefetched: only wait for it
+    if (!p.gathered && std::find(missing.begin(), missing.end(), i) == missing.end()) {
+      missing.push_back(i);
+      need += p.numel;
+    }
     ++p.refs;
   }
+  make_room(need);
   gather(missing);
+}
+
+void ParamCoordinator::release(int64_t module_id) {
+  check_module(module_id);
+  release_params(modules_[size_t(module_id)].params);
 }
 
 void ParamCoordinator::release_params(const std::vector<int64_t>& indices) {
   for (int64_t i : indices) {
     Param& p = params_.at(size_t(i));
-    if (p.refs > 0 && --p.refs == 0 && !p.persistent) drop(p);
+    if (p.refs > 0 && --p.refs == 0) unused(p);
   }
 }
 
-void ParamCoordinator::write_back(int64_t param_index) {
-  Param& p = params_.at(size_t(param_index));
-  ZS_CHECK(p.gathered, "write_back: parameter ", param_index, " is not gathered");
-  groups_[size_t(p.group)]->write_chunk(p.index, p.tensor, comm_->rank());
+void ParamCoordinator::unused(Param& p) {
+  if (p.persistent || !p.gathered) return;
+  // Kept when the trace says it is needed again soon and the cap allows it.
+  if (reused_soon(&p - params_.data()) && live_numel_ <= max_live_numel_) return;
+  drop(p);
+}
+
+bool ParamCoordinator::reused_soon(int64_t param) const {
+  if (trace_.mode() != FetchTrace::Mode::follow) return false;
+  const auto& order = trace_.modules();
+  int64_t distance = 0;
+  for (size_t k = trace_.position(); k < order.size(); ++k) {
+    const Module& m = modules_[size_t(order[k])];
+    if (std::find(m.params.begin(), m.params.end(), param) != m.params.end()) return true;
+    distance += m.numel;
+    if (distance > reuse_distance_numel_) return false;
+  }
+  return false;
+}
+
+void ParamCoordinator::make_room(int64_t numel) {
+  // Kept-for-reuse parameters (gathered, unreferenced) go first when the cap would be crossed.
+  for (auto& p : params_) {
+    if (live_numel_ + numel <= max_live_numel_) return;
+    if (p.gathered && p.refs == 0 && !p.persistent) drop(p);
+  }
+}
+
+void ParamCoordinator::prefetch() {
+  if (trace_.mode() != FetchTrace::Mode::follow || prefetch_numel_ <= 0) return;
+  const auto& order = trace_.modules();
+  std::map<int64_t, std::vector<int64_t>> by_group;
+  int64_t budget = prefetch_numel_;
+  for (size_t k = trace_.position(); k < order.size() && budget > 0; ++k) {
+    for (int64_t i : modules_[size_t(order[k])].params) {
+      Param& p = params_[size_t(i)];
+      if (p.gathered || p.in_flight >= 0 || p.persistent) continue;
+      auto& pending = by_group[p.group];
+      if (std::find(pending.begin(), pending.end(), i) != pending.end()) continue;
+      if (p.numel > budget || live_numel_ + p.numel > max_live_numel_) {
+        budget = 0;
+        break;
+      }
+      pending.push_back(i);
+      budget -= p.numel;
+      live_numel_ += p.numel;  // reserved now, so the cap counts what is in flight
+    }
+  }
+  for (auto& [g, members] : by_group) {
+    if (members.empty()) continue;
+    for (int64_t i : members) live_numel_ -= params_[size_t(i)].numel;  // start_gather re-adds
+    start_gather(g, members);
+    prefetched_params_ += int64_t(members.size());
+  }
 }
 
 void ParamCoordinator::grad_done(int64_t param_index) {
@@ -127,12 +192,24 @@ void ParamCoordinator::grad_done(int64_t param_index) {
   }
 }
 
+void ParamCoordinator::write_back(int64_t param_index) {
+  Param& p = params_.at(size_t(param_index));
+  ZS_CHECK(p.gathered, "write_back: parameter ", param_index, " is not gathered");
+  groups_[size_t(p.group)]->write_chunk(p.index, p.tensor, comm_->rank());
+}
+
 void ParamCoordinator::release_all() {
+  // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
+  while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
   for (auto& m : modules_) m.backward_fetches = 0;
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;
     if (p.gathered && !p.persistent) drop(p);
+  }
+  if (!trace_.end_iteration()) {
+    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order differed from the "
+                 "recorded one this iteration; recording it again\n", comm_->rank());
   }
 }
 
@@ -147,58 +224,73 @@ void ParamCoordinator::refresh_persistent() {
   gather(persistent);
 }
 
-int64_t ParamCoordinator::live_gathered_bytes() const {
-  return memory_.bytes(MemoryCategory::gathered_parameters);
-}
-
 void ParamCoordinator::drop(Param& p) {
-  const int64_t bytes = int64_t(p.tensor.nbytes());
   memory_.release(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                  bytes);
+                  int64_t(p.tensor.nbytes()));
+  if (!p.persistent) live_numel_ -= p.numel;
   // An empty storage in place of the full values; autograd's saved references keep whatever
   // they still need alive until backward has used it.
   p.tensor.set_data(at::empty({0}, p.tensor.options()));
   p.gathered = false;
 }
 
-void ParamCoordinator::gather(std::vector<int64_t> indices) {
-  if (indices.empty()) return;
-  // One all-gather per group: every rank sends its chunks of these parameters back to back.
+void ParamCoordinator::gather(const std::vector<int64_t>& indices) {
   std::map<int64_t, std::vector<int64_t>> by_group;
   for (int64_t i : indices) by_group[params_[size_t(i)].group].push_back(i);
+  for (auto& [g, members] : by_group) complete_gather(start_gather(g, members));
+}
+
+int64_t ParamCoordinator::start_gather(int64_t g, const std::vector<int64_t>& members) {
+  FlatGroup& group = *groups_[size_t(g)];
+  const ChunkLayout& L = group.chunk_layout();
+  Gather x;
+  x.group = g;
+  x.members = members;
+  std::vector<at::Tensor> mine;
+  for (int64_t i : members) {
+    Param& p = params_[size_t(i)];
+    mine.push_back(group.params().narrow(0, L.local_offsets[size_t(p.index)], L.chunks[size_t(p.index)]));
+    x.offsets.push_back(x.send_numel);
+    x.send_numel += L.chunks[size_t(p.index)];
+    if (!p.persistent) live_numel_ += p.numel;
+  }
+  peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
+  // Every rank sends its chunks of these parameters back to back.
+  x.send = mine.size() == 1 ? mine[0].contiguous() : at::cat(mine);
+  x.recv = at::empty({x.send_numel * comm_->world_size()}, x.send.options());
+  x.work = comm_->all_gather(x.recv, x.send, detail::cat("parameters of ", members.size(), " tensors"));
+  const int64_t id = next_gather_id_++;
+  for (int64_t i : members) params_[size_t(i)].in_flight = id;
+  gathers_.emplace(id, std::move(x));
+  return id;
+}
+
+void ParamCoordinator::complete_gather(int64_t id) {
+  auto it = gathers_.find(id);
+  ZS_CHECK(it != gathers_.end(), "ParamCoordinator: no gather #", id, " in flight");
+  Gather x = std::move(it->second);
+  gathers_.erase(it);
+  // Waited here: the module about to run reads these parameters.
+  x.work.wait();
+  const FlatGroup& group = *groups_[size_t(x.group)];
+  const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();
-  for (auto& [g, members] : by_group) {
-    FlatGroup& group = *groups_[size_t(g)];
-    const ChunkLayout& L = group.chunk_layout();
-    std::vector<at::Tensor> mine;
-    std::vector<int64_t> offset_in_send;
-    int64_t send_numel = 0;
-    for (int64_t i : members) {
-      const int64_t t = params_[size_t(i)].index;
-      mine.push_back(group.params().narrow(0, L.local_offsets[size_t(t)], L.chunks[size_t(t)]));
-      offset_in_send.push_back(send_numel);
-      send_numel += L.chunks[size_t(t)];
-    }
-    at::Tensor send = mine.size() == 1 ? mine[0].contiguous() : at::cat(mine);
-    at::Tensor recv = at::empty({send_numel * world}, send.options());
-    // Waited here: the module about to run reads these parameters.
-    comm_->all_gather(recv, send, detail::cat("parameters of ", members.size(), " tensors")).wait();
-    for (size_t k = 0; k < members.size(); ++k) {
-      Param& p = params_[size_t(members[k])];
-      const int64_t t = p.index;
-      at::Tensor full = at::empty({L.numels[size_t(t)]}, send.options());
-      for (int64_t r = 0; r < world; ++r) {
-        const int64_t held = L.held_numel(t, r);
-        if (held > 0) {
-          full.narrow(0, r * L.chunks[size_t(t)], held)
-              .copy_(recv.narrow(0, r * send_numel + offset_in_send[k], held));
-        }
+  for (size_t k = 0; k < x.members.size(); ++k) {
+    Param& p = params_[size_t(x.members[k])];
+    const int64_t t = p.index;
+    at::Tensor full = at::empty({L.numels[size_t(t)]}, x.send.options());
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t held = L.held_numel(t, r);
+      if (held > 0) {
+        full.narrow(0, r * L.chunks[size_t(t)], held)
+            .copy_(x.recv.narrow(0, r * x.send_numel + x.offsets[k], held));
       }
-      p.tensor.set_data(full.view(group.shape(t)));
-      p.gathered = true;
-      memory_.add(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                  int64_t(full.nbytes()));
     }
+    p.tensor.set_data(full.view(group.shape(t)));
+    p.gathered = true;
+    p.in_flight = -1;
+    memory_.add(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
+                int64_t(full.nbytes()));
   }
 }
 

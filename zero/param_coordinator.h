@@ -3,14 +3,23 @@
 // in forward and again in backward. Parameters under stage3_param_persistence_threshold elements
 // stay whole on every rank. The Python engine's module hooks call fetch/release; gradient hooks
 // report grad_done so a module gathered for backward is released once its gradients exist.
+//
+// From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
+// prefetch (async all-gathers of the next modules' parameters, up to stage3_prefetch_bucket_size
+// elements ahead), reuse (a released parameter used again within stage3_max_reuse_distance
+// elements stays gathered), and the cap (prefetched and kept parameters never push the gathered
+// total over stage3_max_live_parameters; only a module that needs more than that alone exceeds it).
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "runtime/comm.h"
+#include "runtime/config/config.h"
 #include "runtime/memory.h"
+#include "zero/fetch_trace.h"
 #include "zero/flat_group.h"
 
 namespace zeroshard {
@@ -18,7 +27,7 @@ namespace zeroshard {
 class ParamCoordinator {
  public:
   ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                   int64_t persistence_threshold, MemoryAccount& memory);
+                   const ZeroConfig& config, MemoryAccount& memory);
   ~ParamCoordinator();
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
@@ -27,7 +36,7 @@ class ParamCoordinator {
   // get their full values; the rest are released (their storage becomes empty).
   void attach(const std::vector<at::Tensor>& params);
   void register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
-  // Gathers the module's parameters that are not already available (one all-gather per group).
+  // Gathers the module's parameters that are not already available, then prefetches ahead.
   void fetch(int64_t module_id, bool for_backward);
   void release(int64_t module_id);
   void grad_done(int64_t param_index);
@@ -36,36 +45,64 @@ class ParamCoordinator {
   void fetch_params(const std::vector<int64_t>& param_indices);
   void release_params(const std::vector<int64_t>& param_indices);
   void write_back(int64_t param_index);
-  // End of backward: releases everything gathered that is not persistent.
+  // End of backward: finishes prefetches, releases everything not persistent, closes the trace.
   void release_all();
   // After a step: persistent parameters take their updated values from every rank's chunks.
   void refresh_persistent();
-  int64_t live_gathered_bytes() const;
+  int64_t live_gathered_numel() const { return live_numel_; }
+  // Highest live_gathered_numel since the last reset, and how many parameters were prefetched.
+  int64_t peak_gathered_numel() const { return peak_live_numel_; }
+  void reset_peak() { peak_live_numel_ = live_numel_; }
+  int64_t prefetched_params() const { return prefetched_params_; }
+  int64_t trace_invalidations() const { return trace_.invalidations(); }
 
  private:
   struct Param {
     int64_t group = 0, index = 0;   // position in its FlatGroup
+    int64_t numel = 0;
     at::Tensor tensor;              // the module's Parameter (its storage is swapped)
     int64_t refs = 0;
     bool persistent = false;
     bool gathered = false;
+    int64_t in_flight = -1;         // id of the async gather bringing it, or -1
     bool grad_done = false;
     std::vector<int64_t> modules;
   };
   struct Module {
     std::vector<int64_t> params;
+    int64_t numel = 0;
     int64_t backward_fetches = 0;
   };
-  void gather(std::vector<int64_t> params);
+  struct Gather {                   // one async all-gather of several parameters of one group
+    int64_t group = 0;
+    std::vector<int64_t> members;
+    std::vector<int64_t> offsets;   // of each member's chunk in the send buffer
+    int64_t send_numel = 0;
+    at::Tensor send, recv;
+    CommWork work;
+  };
+  void gather(const std::vector<int64_t>& params);
+  int64_t start_gather(int64_t group, const std::vector<int64_t>& members);
+  void complete_gather(int64_t id);
+  void prefetch();
+  void make_room(int64_t numel);
+  bool reused_soon(int64_t param) const;
+  void unused(Param& p);
   void drop(Param& p);
   void check_module(int64_t module_id) const;
 
   std::vector<FlatGroup*> groups_;
   std::shared_ptr<Comm> comm_;
-  int64_t persistence_threshold_;
+  int64_t persistence_threshold_, prefetch_numel_, max_live_numel_, reuse_distance_numel_;
   MemoryAccount& memory_;
   std::vector<Param> params_;
   std::vector<Module> modules_;
+  FetchTrace trace_;
+  std::map<int64_t, Gather> gathers_;
+  int64_t next_gather_id_ = 0;
+  int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded
+  int64_t peak_live_numel_ = 0;
+  int64_t prefetched_params_ = 0;
 };
 
 }  // namespace zeroshard

@@ -136,6 +136,15 @@ void bind_zero(py::module_& m) {
            py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
       .def("write_back", [](ZeroOptimizer& o, int64_t i) { o.coordinator().write_back(i); },
            py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("live_gathered_numel",
+                             [](ZeroOptimizer& o) { return o.coordinator().live_gathered_numel(); })
+      .def_property_readonly("peak_gathered_numel",
+                             [](ZeroOptimizer& o) { return o.coordinator().peak_gathered_numel(); })
+      .def("reset_gathered_peak", [](ZeroOptimizer& o) { o.coordinator().reset_peak(); })
+      .def_property_readonly("prefetched_params",
+                             [](ZeroOptimizer& o) { return o.coordinator().prefetched_params(); })
+      .def_property_readonly("trace_invalidations",
+                             [](ZeroOptimizer& o) { return o.coordinator().trace_invalidations(); })
       .def("step",
            [](ZeroOptimizer& o, const py::list& groups) {
              std::vector<GroupHyper> hypers;

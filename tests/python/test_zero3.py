@@ -117,3 +117,81 @@ def test_register_external_parameter():
 def test_an_unregistered_external_parameter_fails_loudly():
     with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 failed"):
         run_distributed(external_worker, 2, False)
+
+
+# ----- the coordinator's trace: prefetch, reuse, the live cap, a changed order -----
+
+def coordinator_worker(max_live, reuse, prefetch):
+    import zeroshard
+    rank = int(os.environ["RANK"])
+    cfg = _config(stage3_max_live_parameters=max_live, stage3_max_reuse_distance=reuse,
+                  stage3_prefetch_bucket_size=prefetch)
+    engine, *_ = zeroshard.initialize(model=tiny_gpt(), config=cfg)
+    peaks = []
+    for step in range(3):
+        engine._core.reset_gathered_peak()
+        loss = engine(global_batch("gpt", step, 4)[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        peaks.append(engine._core.peak_gathered_numel)
+    return peaks, engine._core.prefetched_params, engine._core.trace_invalidations
+
+
+def test_prefetch_follows_the_trace_within_the_live_cap():
+    # Step 1 records the order (one module at a time); later steps prefetch along it.
+    (peaks, prefetched, invalid), _ = run_distributed(coordinator_worker, 2, 2500, 0, 10 ** 6)
+    assert prefetched > 0 and invalid == 0
+    assert max(peaks[1:]) <= 2500, peaks          # stage3_max_live_parameters holds
+    assert peaks[1] > peaks[0], peaks             # prefetching keeps more gathered than on demand
+
+
+def test_no_prefetch_and_no_reuse_gather_on_demand_only():
+    (peaks, prefetched, _), _ = run_distributed(coordinator_worker, 2, 10 ** 9, 0, 0)
+    assert prefetched == 0 and peaks[0] == peaks[1] == peaks[2], peaks
+
+
+class Switchable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 1)
+        self.skip_b = False
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if not self.skip_b:
+            h = torch.tanh(self.b(h))
+        return self.c(h).pow(2).mean()
+
+
+def order_change_worker():
+    import zeroshard
+    rank = int(os.environ["RANK"])
+    model = Switchable()
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, config=_config())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(3)
+    for step in range(6):
+        # Every rank changes its module order at step 3: the trace must notice and re-record.
+        model.skip_b = reference.skip_b = step >= 3
+        batch = torch.randn(4, 6, generator=g)
+        loss = engine(batch[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        ref_opt.zero_grad()
+        for m in range(2):
+            (reference(batch[2 * m:2 * m + 2]) / 2).backward()
+        for p in reference.parameters():   # an unused layer still steps with a zero gradient
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        ref_opt.step()
+    assert engine._core.trace_invalidations >= 1
+    from zeroshard.zero import GatheredParameters
+    with GatheredParameters(list(model.parameters())):
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+
+
+def test_a_changed_module_order_is_noticed_and_training_stays_exact():
+    run_distributed(order_change_worker, 2)

@@ -1,0 +1,42 @@
+// The ZeRO-3 fetch-order trace (zero/fetch_trace.cpp): record, follow, notice a change, re-record.
+#include <catch2/catch.hpp>
+
+#include "zero/fetch_trace.h"
+
+using namespace zeroshard;
+
+TEST_CASE("records the first iteration, then follows it") {
+  FetchTrace t;
+  for (int64_t m : {0, 1, 2, 1, 0}) REQUIRE(t.on_fetch(m));
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.mode() == FetchTrace::Mode::follow);
+  REQUIRE(t.modules() == std::vector<int64_t>{0, 1, 2, 1, 0});
+  for (int64_t m : {0, 1, 2, 1, 0}) REQUIRE(t.on_fetch(m));
+  REQUIRE(t.position() == 5);
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.invalidations() == 0);
+}
+
+TEST_CASE("a different order invalidates the trace and the next iteration records again") {
+  FetchTrace t;
+  for (int64_t m : {0, 1, 2}) t.on_fetch(m);
+  t.end_iteration();
+  REQUIRE(t.on_fetch(0));
+  REQUIRE_FALSE(t.on_fetch(2));        // module 1 skipped
+  REQUIRE(t.on_fetch(1));              // no second warning in the same iteration
+  REQUIRE_FALSE(t.end_iteration());
+  REQUIRE(t.invalidations() == 1);
+  REQUIRE(t.mode() == FetchTrace::Mode::record);
+  for (int64_t m : {0, 2}) t.on_fetch(m);
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.modules() == std::vector<int64_t>{0, 2});
+}
+
+TEST_CASE("an iteration that ends early also counts as a change") {
+  FetchTrace t;
+  for (int64_t m : {3, 4}) t.on_fetch(m);
+  t.end_iteration();
+  t.on_fetch(3);
+  REQUIRE_FALSE(t.end_iteration());
+  REQUIRE(t.mode() == FetchTrace::Mode::record);
+}
