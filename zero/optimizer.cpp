@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -13,6 +14,10 @@ namespace zeroshard {
 namespace {
 // Shard starts aligned to 16 elements: 64 bytes of fp32, so vector kernels start on a cache line.
 constexpr int64_t kAlignmentNumel = 16;
+// Stages 0-1 reduce gradients in place in slices of the flat buffer, so a bucket costs no memory;
+// DeepSpeed's default reduce_bucket_size (5e8) would make one bucket that can only start after
+// backward ends. Capping it as DDP does (25M) lets reduction overlap backward.
+constexpr int64_t kInPlaceBucketNumel = 25000000;
 
 LossScalerOptions scaler_options(const Fp16Config& f) {
   LossScalerOptions o;
@@ -64,7 +69,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
-  ro.bucket_numel = config.zero_optimization.reduce_bucket_size;
+  ro.bucket_numel = strategy_->keeps_full_grads()
+                        ? std::min(config.zero_optimization.reduce_bucket_size, kInPlaceBucketNumel)
+                        : config.zero_optimization.reduce_bucket_size;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
   ro.prescale_gradients = config.prescale_gradients;
