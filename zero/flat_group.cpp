@@ -35,10 +35,15 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       partitioned_(spec.partition_params),
       memory_(memory) {
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no trainable parameters");
+  const bool prechunked = !spec.prechunked_shapes.empty();
+  ZS_CHECK(!prechunked || (spec.partition_params && spec.prechunked_shapes.size() == params.size()),
+           "FlatGroup: pre-partitioned parameters (zero.Init) need stage 3 and one shape each");
   std::vector<int64_t> numels;
-  for (const auto& p : params) {
-    numels.push_back(p.numel());
-    shapes_.push_back(p.sizes().vec());
+  for (size_t i = 0; i < params.size(); ++i) {
+    shapes_.push_back(prechunked ? spec.prechunked_shapes[i] : params[i].sizes().vec());
+    int64_t n = 1;
+    for (int64_t d : shapes_.back()) n *= d;
+    numels.push_back(n);
   }
   const int64_t world = spec.world_size, rank = spec.rank;
   layout_ = make_flat_layout(numels, world, spec.alignment_numel);
@@ -54,7 +59,10 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t held = chunks_.held_numel(int64_t(i), rank);
       if (held == 0) continue;
-      at::Tensor mine = params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
+      ZS_CHECK(!prechunked || params[i].numel() == chunks_.chunks[i], "FlatGroup: parameter ", i,
+               " holds ", params[i].numel(), " elements, expected its chunk of ", chunks_.chunks[i]);
+      at::Tensor mine = prechunked ? params[i].reshape(-1).narrow(0, 0, held)
+                                   : params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
       params_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
       if (mixed) master_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
     }

@@ -27,6 +27,8 @@ struct GroupSpec {
   bool partition_params = false;  // stage 3: only this rank's chunks of each parameter are kept
   OptimizerKind kind = OptimizerKind::adam;
   double initial_accumulator_value = 0.0;
+  // zero.Init: the tensors passed in are already this rank's chunks; these are their full shapes.
+  std::vector<std::vector<int64_t>> prechunked_shapes;
 };
 
 class FlatGroup {

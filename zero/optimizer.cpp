@@ -44,7 +44,8 @@ at::ScalarType comm_dtype(const std::string& name) {
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
                              const OptimizerConfig& optimizer,
                              const std::vector<std::vector<at::Tensor>>& groups,
-                             at::ScalarType model_dtype)
+                             at::ScalarType model_dtype,
+                             const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes)
     : comm_(std::move(comm)),
       config_(config),
       optimizer_(optimizer),
@@ -63,9 +64,18 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   spec.partition_params = strategy_->partitions_params();
   spec.kind = kind_;
   spec.initial_accumulator_value = optimizer_.initial_accumulator_value;
+  ZS_CHECK(prechunked_shapes.empty() || prechunked_shapes.size() == groups.size(),
+           "ZeroOptimizer: ", prechunked_shapes.size(), " shape lists for ", groups.size(), " groups");
   std::vector<FlatGroup*> raw;
-  for (const auto& params : groups) {
-    groups_.push_back(std::make_unique<FlatGroup>(broadcast_from_rank0(params), spec, memory_));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (prechunked_shapes.empty()) {
+      groups_.push_back(std::make_unique<FlatGroup>(broadcast_from_rank0(groups[g]), spec, memory_));
+    } else {
+      // zero.Init already took rank 0's values when it partitioned each parameter.
+      GroupSpec chunked = spec;
+      chunked.prechunked_shapes = prechunked_shapes[g];
+      groups_.push_back(std::make_unique<FlatGroup>(groups[g], chunked, memory_));
+    }
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;

@@ -40,8 +40,11 @@ class ZeroOptimizer {
  public:
   // `groups`: each parameter group's trainable tensors with their current (fp32) values.
   // `optimizer`: the config's optimizer block, or the one a client torch optimizer maps to.
+  // `prechunked_shapes` (zero.Init): per group, the full shapes of tensors that `groups` already
+  // hold as this rank's ZeRO-3 chunks; empty when the tensors are whole.
   ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config, const OptimizerConfig& optimizer,
-                const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType model_dtype);
+                const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType model_dtype,
+                const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes = {});
   // Groups and reducers hold a reference to memory_: the object never moves.
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;

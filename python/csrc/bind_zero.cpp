@@ -95,13 +95,16 @@ void bind_zero(py::module_& m) {
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(m, "ZeroOptimizer")
       .def(py::init([](std::shared_ptr<Comm> comm, std::shared_ptr<Config> config,
                        const py::dict& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
-                       at::ScalarType dtype) {
+                       at::ScalarType dtype,
+                       const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes) {
              const OptimizerConfig oc = optimizer_from_dict(optimizer);
              py::gil_scoped_release release;
-             return std::make_shared<ZeroOptimizer>(std::move(comm), *config, oc, groups, dtype);
+             return std::make_shared<ZeroOptimizer>(std::move(comm), *config, oc, groups, dtype,
+                                                    prechunked_shapes);
            }),
            py::arg("comm"), py::arg("config"), py::arg("optimizer"), py::arg("groups"),
-           py::arg("model_dtype"))
+           py::arg("model_dtype"),
+           py::arg("prechunked_shapes") = std::vector<std::vector<std::vector<int64_t>>>{})
       .def("param_views", &ZeroOptimizer::param_views)
       .def("grad_views", &ZeroOptimizer::grad_views)
       .def("grad_ready",

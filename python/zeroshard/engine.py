@@ -16,6 +16,7 @@ from zeroshard.log import log_rank0, logger
 from zeroshard.lr_schedules import ConfigLRScheduler
 from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec, param_group_defaults
 from zeroshard.zero import hooks as zero_hooks
+from zeroshard.zero.partition_init import full_shape
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -150,7 +151,24 @@ class ZeroShardEngine(torch.nn.Module):
                 if self.world_size > 1:
                     dist.broadcast(t.data, 0)
             self.module.to(self.dtype)
-        self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
+        frozen_chunked = [n for n, p in self.module.named_parameters()
+                          if not p.requires_grad and full_shape(p) is not None]
+        if frozen_chunked:
+            raise ValueError(f"zero.Init: frozen parameters built under zeroshard.zero.Init are not "
+                             f"supported yet ({', '.join(frozen_chunked[:3])}); build them outside "
+                             f"it or keep them trainable")
+        shapes = [[full_shape(p) for p in ps] for _, ps in groups]
+        prechunked = [s is not None for ss in shapes for s in ss]
+        if any(prechunked):
+            # Built under zeroshard.zero.Init: every rank already holds only its chunks.
+            if not all(prechunked) or self._settings["stage"] != 3:
+                raise ValueError("zero.Init: a model built under zeroshard.zero.Init needs "
+                                 "zero_optimization.stage 3 and every trainable parameter created "
+                                 f"inside it (stage is {self._settings['stage']})")
+            self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype,
+                                          [[list(s) for s in ss] for ss in shapes])
+        else:
+            self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
         self._params = [p for _, ps in groups for p in ps]
         if self._core.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.

@@ -195,3 +195,86 @@ def order_change_worker():
 
 def test_a_changed_module_order_is_noticed_and_training_stays_exact():
     run_distributed(order_change_worker, 2)
+
+
+# ----- zero.Init: partitioned while it is built -----
+
+def _layers():
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(1024, 1024), nn.Tanh()) for _ in range(8)],
+                         nn.Linear(1024, 1))
+
+
+def _vm_data_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmData in /proc/self/status")
+
+
+def init_worker():
+    import resource
+
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    import ctypes
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # A fixed mmap threshold: freed blocks go back to the OS, so the cap measures live memory
+    # (glibc would otherwise move 4 MB blocks onto the heap after the first free).
+    ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    reference = _layers()                              # built whole, outside the cap
+    full_bytes = 4 * sum(p.numel() for p in reference.parameters())
+    zeroshard.init_distributed()
+    # Cap this process's writable memory below the model's full fp32 size while it is built.
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = _vm_data_bytes() + int(0.6 * full_bytes)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        with zeroshard.zero.Init():
+            model = _layers()
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    held = 4 * sum(p.numel() for p in model.parameters())
+    assert held < full_bytes / world + 4 * 1024 * world, (held, full_bytes)  # only the chunks
+    # SGD: Adam would turn summation-order noise in this deep stack's vanishing first-layer
+    # gradients into lr-sized moves (AdamW parity is covered on the GPT in test_zero_parity.py).
+    cfg = {**_config(), "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}}
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        x = torch.randn(2 * world, 1024, generator=g)
+        loss = engine(x[2 * rank:2 * rank + 2]).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        ref_opt.zero_grad()
+        for m in range(world):
+            (reference(x[2 * m:2 * m + 2]).pow(2).mean() / world).backward()
+        ref_opt.step()
+    with GatheredParameters(list(model.parameters())):
+        for i, (a, b) in enumerate(zip(model.parameters(), reference.parameters())):
+            err, scale = (a - b).abs().max().item(), b.abs().max().item()
+            assert err <= 1e-5 * scale, f"rank {rank}: parameter {i} {tuple(a.shape)} off by {err:.3e} (scale {scale:.3e})"
+    return full_bytes, held
+
+
+def test_zero_init_builds_under_a_memory_cap_and_trains_at_world_4():
+    results = run_distributed(init_worker, 4)
+    full_bytes, held = results[0]
+    assert full_bytes > 30e6 and held < full_bytes / 3
+
+
+def test_a_model_built_without_the_cap_fails_under_it():
+    """The cap in the test above is real: building the same model whole under it fails."""
+    import resource
+    import subprocess
+    import sys
+    code = ("import ctypes, resource, torch, torch.nn as nn\n"
+            "ctypes.CDLL('libc.so.6').mallopt(-3, 128 * 1024)\n"
+            "full = 4 * (8 * (1024 * 1024 + 1024) + 1025)\n"
+            "vm = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmData:')][0]\n"
+            "resource.setrlimit(resource.RLIMIT_DATA, (vm + int(0.6 * full), resource.RLIM_INFINITY))\n"
+            "layers = [nn.Linear(1024, 1024) for _ in range(8)]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and ("MemoryError" in out.stderr or "alloc" in out.stderr), out.stderr[-500:]
