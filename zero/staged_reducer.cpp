@@ -1,0 +1,121 @@
+// Staged bucket reduction shared by stages 2 and 3; see staged_reducer.h.
+#include "zero/staged_reducer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+StagedReducer::StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
+                             const ReduceOptions& options, MemoryAccount& memory)
+    : groups_(groups), comm_(std::move(comm)), opt_(options),
+      pool_size_(options.overlap_comm ? 2 : 1), memory_(memory) {
+  std::vector<const FlatLayout*> layouts;
+  int64_t base = 0;
+  for (FlatGroup* g : groups) {
+    layouts.push_back(&g->layout());
+    group_base_.push_back(base);
+    base += g->num_tensors();
+  }
+  plan_ = plan_buckets(layouts, opt_.bucket_numel);
+}
+
+StagedReducer::~StagedReducer() {
+  memory_.release(MemoryCategory::comm_buffers, accounted_bytes_);
+}
+
+int StagedReducer::acquire_buffer(const Bucket& b) {
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    if (!busy_[i]) {
+      busy_[i] = true;
+      return int(i);
+    }
+  }
+  if (staging_.size() >= pool_size_ && !in_flight_.empty()) {
+    // Pool exhausted: finishing the oldest reduction frees its buffer (why: bounded memory).
+    complete(buckets_[size_t(in_flight_.front())]);
+    return acquire_buffer(b);
+  }
+  // Every buffer holds a bucket still filling (gradients arrived out of bucket order): grow.
+  int64_t staged = 0, result = 0;
+  for (const auto& x : buckets_) {
+    staged = std::max(staged, x.staged_numel);
+    result = std::max(result, x.result_numel);
+  }
+  const auto& grads = groups_[0]->grads();
+  const auto dtype = opt_.comm_dtype != at::ScalarType::Undefined ? opt_.comm_dtype : grads.scalar_type();
+  staging_.push_back(at::empty({staged}, grads.options().dtype(dtype)));
+  results_.push_back(result > 0 ? at::empty({result}, grads.options().dtype(dtype)) : at::Tensor());
+  busy_.push_back(true);
+  const int64_t bytes = staging_.back().nbytes() + (result > 0 ? results_.back().nbytes() : 0);
+  memory_.add(MemoryCategory::comm_buffers, bytes);
+  accounted_bytes_ += bytes;
+  return int(staging_.size() - 1);
+}
+
+void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
+  ZS_CHECK(index >= 0 && index < num_params(), "gradient reducer: parameter index ", index,
+           " is outside 0..", num_params() - 1);
+  Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
+  ZS_CHECK(b.state != Bucket::State::in_flight, "gradient of parameter ", index,
+           " arrived twice in one backward (its bucket is already being reduced)");
+  if (b.state == Bucket::State::idle) {
+    b.buffer = acquire_buffer(b);
+    // Zeroed: padding and parameters without a gradient contribute zeros.
+    staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel).zero_();
+    b.state = Bucket::State::filling;
+  }
+  if (grad.defined()) stage(b, staging_[size_t(b.buffer)], index, grad);
+  if (++b.ready == b.spec.num_params()) start(b);
+}
+
+void StagedReducer::start(Bucket& b) {
+  if (b.state == Bucket::State::idle) {
+    // Started by finish() with no gradient at all: every rank still takes part, with zeros.
+    b.buffer = acquire_buffer(b);
+    staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel).zero_();
+  }
+  b.state = Bucket::State::in_flight;
+  at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
+  at::Tensor result = b.result_numel > 0
+                          ? results_[size_t(b.buffer)].narrow(0, 0, b.result_numel) : at::Tensor();
+  const int64_t world = comm_->world_size();
+  const double pre = opt_.pre_factor(world);
+  if (pre != 1.0) staging.mul_(pre);
+  const int64_t id = int64_t(&b - buckets_.data());
+  if (world > 1) {
+    b.work = reduce(b, staging, result, detail::cat("gradient bucket ", id));
+  } else if (result.defined()) {
+    result.copy_(staging);
+  }
+  in_flight_.push_back(id);
+  // Without overlap_comm the reduction finishes before backward continues.
+  if (!opt_.overlap_comm) complete(b);
+}
+
+void StagedReducer::complete(Bucket& b) {
+  if (b.state != Bucket::State::in_flight) return;
+  b.work.wait();
+  const int64_t id = int64_t(&b - buckets_.data());
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), id));
+  at::Tensor reduced = b.result_numel > 0
+                           ? results_[size_t(b.buffer)].narrow(0, 0, b.result_numel)
+                           : staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
+  accumulate(b, reduced, opt_.post_factor(comm_->world_size()));
+  busy_[size_t(b.buffer)] = false;
+  b.buffer = -1;
+  b.ready = 0;
+  b.state = Bucket::State::idle;
+}
+
+void StagedReducer::finish() {
+  for (auto& b : buckets_) {
+    if (b.state != Bucket::State::in_flight) start(b);
+  }
+  while (!in_flight_.empty()) complete(buckets_[size_t(in_flight_.front())]);
+}
+
+}  // namespace zeroshard

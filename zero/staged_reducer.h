@@ -1,0 +1,75 @@
+// Shared machinery of the reducers that stage gradients (stages 2 and 3): gradients are copied from
+// param.grad into a staging buffer per bucket as backward produces them (the engine then drops
+// param.grad), every bucket is reduced on every micro-step, and each rank adds its result into its
+// gradient shard, where gradient accumulation happens. Staging buffers come from a small pool: two
+// with overlap_comm (one filling while one is reduced), one without; a pool that runs out first
+// finishes its oldest reduction. Subclasses say how a gradient is staged, which collective
+// reduces a bucket, and where this rank's part of the result goes.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.h"
+#include "runtime/memory.h"
+#include "zero/buckets.h"
+#include "zero/flat_group.h"
+#include "zero/grad_reducer.h"
+#include "zero/reducer.h"
+
+namespace zeroshard {
+
+class StagedReducer : public Reducer {
+ public:
+  ~StagedReducer() override;
+  void grad_ready(int64_t index, const at::Tensor& grad) final;
+  void finish() final;
+  int64_t num_buckets() const final { return int64_t(buckets_.size()); }
+  int64_t num_params() const final { return int64_t(plan_.bucket_of_param.size()); }
+
+ protected:
+  struct Bucket {
+    BucketSpec spec;
+    int64_t staged_numel = 0;   // elements of the staging buffer this bucket uses
+    int64_t result_numel = 0;   // elements of the result buffer (0: reduced in place)
+    int64_t local_begin = 0;    // where this rank's result lands in its gradient shard
+    int64_t ready = 0;
+    int buffer = -1;
+    CommWork work;
+    enum class State { idle, filling, in_flight } state = State::idle;
+  };
+
+  StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
+                const ReduceOptions& options, MemoryAccount& memory);
+  // Called by the subclass constructor once every bucket's sizes are known.
+  void add_bucket(Bucket b) { buckets_.push_back(std::move(b)); }
+  // Copies parameter `index`'s gradient into the bucket's staging buffer.
+  virtual void stage(const Bucket& b, at::Tensor staging, int64_t index, const at::Tensor& grad) = 0;
+  // Starts the bucket's collective; `result` is undefined for in-place reductions.
+  virtual CommWork reduce(const Bucket& b, at::Tensor staging, at::Tensor result,
+                          const std::string& what) = 0;
+  // Adds `scale` times this rank's part of the reduced (summed) bucket into its gradient shard;
+  // the scale makes the sum a mean and is applied only to the part this rank keeps.
+  virtual void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
+
+  std::vector<FlatGroup*> groups_;
+  std::shared_ptr<Comm> comm_;
+  ReduceOptions opt_;
+  BucketPlan plan_;
+  std::vector<int64_t> group_base_;  // global index of each group's first parameter
+
+ private:
+  int acquire_buffer(const Bucket& b);
+  void start(Bucket& b);
+  void complete(Bucket& b);
+
+  std::vector<Bucket> buckets_;
+  std::vector<at::Tensor> staging_, results_;
+  std::vector<bool> busy_;
+  std::vector<int64_t> in_flight_;  // bucket indices in the order they started
+  size_t pool_size_;
+  MemoryAccount& memory_;
+  int64_t accounted_bytes_ = 0;
+};
+
+}  // namespace zeroshard
