@@ -41,7 +41,7 @@ std::unique_ptr<ZeroStrategy> make_stage2();
 std::unique_ptr<ZeroStrategy> make_stage3();
 
 // Shared by the stages that shard parameters' optimizer state but keep full parameters (1 and 2):
-// all-gathers the updated owned ranges so every rank holds the full parameters again.
+// shares every rank's updated owned range so every rank holds the full parameters again.
 void all_gather_updated_params(FlatGroup& group, Comm& comm);
 
 }  // namespace zeroshard
