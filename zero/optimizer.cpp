@@ -14,10 +14,13 @@ namespace zeroshard {
 namespace {
 // Shard starts aligned to 16 elements: 64 bytes of fp32, so vector kernels start on a cache line.
 constexpr int64_t kAlignmentNumel = 16;
-// Stages 0-1 reduce gradients in place in slices of the flat buffer, so a bucket costs no memory;
-// DeepSpeed's default reduce_bucket_size (5e8) would make one bucket that can only start after
-// backward ends. Capping it as DDP does (25M) lets reduction overlap backward.
+// reduce_bucket_size is an upper bound. Stages 0-1 reduce gradients in place in slices of the flat
+// buffer, so a bucket costs no memory, but DeepSpeed's default (5e8) would make one bucket that can
+// only start after backward ends: capped at 25M elements (as DDP's 25 MB buckets), reduction
+// overlaps backward. Stages 2-3 stage each bucket in buffers of its size (two with overlap_comm),
+// so their cap also bounds that memory: 8M elements, about one transformer layer of a 100M model.
 constexpr int64_t kInPlaceBucketNumel = 25000000;
+constexpr int64_t kStagedBucketNumel = 8000000;
 
 LossScalerOptions scaler_options(const Fp16Config& f) {
   LossScalerOptions o;
@@ -79,9 +82,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
-  ro.bucket_numel = strategy_->keeps_full_grads()
-                        ? std::min(config.zero_optimization.reduce_bucket_size, kInPlaceBucketNumel)
-                        : config.zero_optimization.reduce_bucket_size;
+  ro.bucket_numel = std::min(config.zero_optimization.reduce_bucket_size,
+                             strategy_->keeps_full_grads() ? kInPlaceBucketNumel : kStagedBucketNumel);
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
   ro.prescale_gradients = config.prescale_gradients;
