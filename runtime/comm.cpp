@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "runtime/error.h"
@@ -13,39 +14,78 @@
 namespace zeroshard {
 
 namespace {
-std::string describe(const char* op, const at::Tensor& t, const std::string& what) {
-  return detail::cat(op, "(", what, ", ", t.numel(), " x ", t.scalar_type(), ")");
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How often a blocked wait looks in the store for another rank's failure.
+constexpr milliseconds kAbortPollInterval{200};
+
+// "all_reduce(gradient bucket 3, 1024 x Float, 4096 B)"; extra: "root 0", "to rank 1".
+std::string describe(const char* op, const at::Tensor& t, const std::string& what,
+                     const std::string& extra = {}) {
+  return detail::cat(op, "(", what, ", ", extra.empty() ? "" : extra + ", ", t.numel(), " x ",
+                     t.scalar_type(), ", ", t.nbytes(), " B)");
 }
+
 }  // namespace
 
-CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what, int rank,
-                   std::chrono::milliseconds timeout)
-    : work_(std::move(work)), seq_(seq), what_(std::move(what)), rank_(rank), timeout_(timeout) {}
+CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what,
+                   std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point)
+    : work_(std::move(work)),
+      seq_(seq),
+      what_(std::move(what)),
+      monitor_(std::move(monitor)),
+      device_async_(device_async),
+      point_to_point_(point_to_point) {}
 
 void CommWork::wait() {
   if (!work_) return;
   auto work = std::move(work_);
   work_.reset();
-  bool finished = false;
-  try {
-    finished = work->wait(timeout_);
-  } catch (const std::exception& e) {
-    throw CommError(detail::cat("rank ", rank_, ": collective #", seq_, " ", what_,
-                                " failed: ", e.what()));
+  const milliseconds timeout = monitor_->timeout();
+  if (device_async_) {
+    // NCCL: wait() only orders the current stream after the collective; its watchdog owns the
+    // timeout, so there is nothing to poll here.
+    try {
+      work->wait(timeout);
+    } catch (const std::exception& e) {
+      monitor_->fail(seq_, what_, CommFailure::backend, e.what());
+    }
+    monitor_->finished(seq_);
+    return;
   }
-  // Backends that honour the timeout return false instead of throwing.
-  if (!finished && !work->isCompleted()) {
-    throw CommError(detail::cat("rank ", rank_, ": collective #", seq_, " ", what_,
-                                " did not finish within ", timeout_.count(), " ms"));
+  // Host-blocking backends: wait in slices so that another rank's failure (published in the
+  // store) ends this wait too, instead of each rank discovering it at its own timeout. Not for
+  // Gloo's send/recv: their wait(timeout) gives up the receive when it expires.
+  const bool poll = monitor_->has_store() && !point_to_point_;
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) monitor_->fail(seq_, what_, CommFailure::timeout, {});
+    try {
+      work->wait(poll ? std::min(left, kAbortPollInterval) : left);
+      break;
+    } catch (const std::exception& e) {
+      // c10d's Work::wait throws both for its own timeout and for the backend's error; only a
+      // completed work carries the backend's error.
+      if (work->isCompleted()) monitor_->fail(seq_, what_, CommFailure::backend, e.what());
+    }
+    if (poll && monitor_->abort_requested()) monitor_->fail(seq_, what_, CommFailure::aborted, {});
   }
+  monitor_->finished(seq_);
 }
 
-Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::chrono::milliseconds timeout)
-    : group_(std::move(group)), timeout_(timeout) {
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, milliseconds timeout,
+           c10::intrusive_ptr<c10d::Store> store, std::optional<bool> check_agreement)
+    : group_(std::move(group)) {
   ZS_CHECK(group_, "Comm: process group is null");
+  ZS_CHECK(timeout.count() > 0, "Comm: timeout must be positive, got ", timeout.count(), " ms");
   rank_ = group_->getRank();
   world_size_ = group_->getSize();
   backend_ = group_->getBackendName();
+  monitor_ = std::make_shared<CommMonitor>(std::move(store), rank_, world_size_, timeout,
+                                           check_agreement);
 }
 
 void Comm::check_tensor(const at::Tensor& t, const char* op, const std::string& what) const {
@@ -53,27 +93,44 @@ void Comm::check_tensor(const at::Tensor& t, const char* op, const std::string& 
            ") needs a defined contiguous tensor");
 }
 
-CommWork Comm::issue(c10::intrusive_ptr<c10d::Work> work, const char* op, const at::Tensor& t,
-                     const std::string& what) {
-  return CommWork(std::move(work), seq_, describe(op, t, what), rank_, timeout_);
+std::string Comm::begin(const std::string& description, bool whole_group) {
+  ++seq_;
+  monitor_->starting(seq_, description, whole_group);
+  return description;
+}
+
+template <typename Issue>
+CommWork Comm::issue(const std::string& description, bool device_async, Issue&& call,
+                     bool point_to_point) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call();
+  } catch (const std::exception& e) {
+    monitor_->fail(seq_, description, CommFailure::backend, e.what());
+  }
+  return CommWork(std::move(work), seq_, description, monitor_, device_async, point_to_point);
 }
 
 CommWork Comm::all_reduce(at::Tensor tensor, const std::string& what) {
   check_tensor(tensor, "all_reduce", what);
-  ++seq_;
-  std::vector<at::Tensor> ts{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  return issue(group_->allreduce(ts, opts), "all_reduce", tensor, what);
+  const auto d = begin(describe("all_reduce", tensor, what), true);
+  return issue(d, tensor.is_cuda(), [&] {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return group_->allreduce(ts, opts);
+  });
 }
 
 CommWork Comm::all_reduce_max(at::Tensor tensor, const std::string& what) {
   check_tensor(tensor, "all_reduce_max", what);
-  ++seq_;
-  std::vector<at::Tensor> ts{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::MAX;
-  return issue(group_->allreduce(ts, opts), "all_reduce_max", tensor, what);
+  const auto d = begin(describe("all_reduce_max", tensor, what), true);
+  return issue(d, tensor.is_cuda(), [&] {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    return group_->allreduce(ts, opts);
+  });
 }
 
 CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::string& what) {
@@ -82,10 +139,12 @@ CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::st
   ZS_CHECK(input.numel() == output.numel() * world_size_, "rank ", rank_, ": reduce_scatter(", what,
            "): input has ", input.numel(), " elements, expected world_size ", world_size_, " x ",
            output.numel());
-  ++seq_;
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  return issue(group_->_reduce_scatter_base(output, input, opts), "reduce_scatter", input, what);
+  const auto d = begin(describe("reduce_scatter", input, what), true);
+  return issue(d, input.is_cuda(), [&] {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return group_->_reduce_scatter_base(output, input, opts);
+  });
 }
 
 CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string& what) {
@@ -98,36 +157,43 @@ CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string
       static_cast<char*>(input.data_ptr()) < static_cast<char*>(output.data_ptr()) + output.nbytes()) {
     input = input.clone();
   }
-  ++seq_;
-  return issue(group_->_allgather_base(output, input), "all_gather", output, what);
+  const auto d = begin(describe("all_gather", output, what), true);
+  return issue(d, output.is_cuda(), [&] { return group_->_allgather_base(output, input); });
 }
 
 CommWork Comm::broadcast(at::Tensor tensor, int root, const std::string& what) {
   check_tensor(tensor, "broadcast", what);
-  ++seq_;
-  std::vector<at::Tensor> ts{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  return issue(group_->broadcast(ts, opts), "broadcast", tensor, what);
+  const auto d = begin(describe("broadcast", tensor, what, detail::cat("root ", root)), true);
+  return issue(d, tensor.is_cuda(), [&] {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return group_->broadcast(ts, opts);
+  });
 }
 
+// send/recv involve two ranks, so the debug agreement check (over the whole group) skips them.
 CommWork Comm::send(at::Tensor tensor, int dst_rank, int tag, const std::string& what) {
   check_tensor(tensor, "send", what);
-  ++seq_;
-  std::vector<at::Tensor> ts{tensor};
-  return issue(group_->send(ts, dst_rank, tag), "send", tensor, what);
+  const auto d = begin(describe("send", tensor, what, detail::cat("to rank ", dst_rank)), false);
+  return issue(d, tensor.is_cuda(), [&] {
+    std::vector<at::Tensor> ts{tensor};
+    return group_->send(ts, dst_rank, tag);
+  }, true);
 }
 
 CommWork Comm::recv(at::Tensor tensor, int src_rank, int tag, const std::string& what) {
   check_tensor(tensor, "recv", what);
-  ++seq_;
-  std::vector<at::Tensor> ts{tensor};
-  return issue(group_->recv(ts, src_rank, tag), "recv", tensor, what);
+  const auto d = begin(describe("recv", tensor, what, detail::cat("from rank ", src_rank)), false);
+  return issue(d, tensor.is_cuda(), [&] {
+    std::vector<at::Tensor> ts{tensor};
+    return group_->recv(ts, src_rank, tag);
+  }, true);
 }
 
 void Comm::barrier(const std::string& what) {
-  ++seq_;
-  CommWork(group_->barrier(), seq_, detail::cat("barrier(", what, ")"), rank_, timeout_).wait();
+  const auto d = begin(detail::cat("barrier(", what, ")"), true);
+  issue(d, backend_ == "nccl", [&] { return group_->barrier(); }).wait();
 }
 
 }  // namespace zeroshard

@@ -1,45 +1,62 @@
 // The one communication layer: a wrapper over a c10d ProcessGroup (NCCL for CUDA tensors, Gloo for
 // CPU tensors) that issues async collectives on flat tensors. Every call gets a per-rank sequence
-// number and a description, so a failure or timeout says which collective each rank was in.
+// number and a description (op, what, elements, bytes); a CommMonitor publishes them so that a
+// failure or timeout names the collective every rank was in (see comm_monitor.h).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+
+#include "runtime/comm_monitor.h"
 
 namespace zeroshard {
 
-// A collective in flight. wait() blocks until it finished and turns any backend failure into a
-// CommError naming the rank, sequence number and collective.
+// A collective in flight. wait() blocks until it finished (at most the timeout) and turns a
+// backend failure, a timeout or another rank's failure into a CommError naming every rank's
+// collective. CUDA work keeps the backend's stream semantics: wait() orders the current stream
+// after it and the backend's watchdog enforces the timeout.
 class CommWork {
  public:
   CommWork() = default;
-  CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what, int rank,
-           std::chrono::milliseconds timeout);
+  CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what,
+           std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point = false);
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
   uint64_t sequence() const { return seq_; }
+  bool checks_agreement() const { return monitor_->checks_agreement(); }
+  const FlightRecorder& recorder() const { return monitor_->recorder(); }
   const std::string& description() const { return what_; }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   uint64_t seq_ = 0;
   std::string what_;
-  int rank_ = 0;
-  std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<CommMonitor> monitor_;
+  bool device_async_ = false;
+  bool point_to_point_ = false;
 };
 
 class Comm {
  public:
+  // store: the process group's store (torch.distributed's default store for WORLD); without it
+  // errors name only this rank. check_agreement: nullopt reads ZEROSHARD_DEBUG_COLLECTIVES.
   explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> group,
-                std::chrono::milliseconds timeout = std::chrono::minutes(30));
+                std::chrono::milliseconds timeout = std::chrono::minutes(30),
+                c10::intrusive_ptr<c10d::Store> store = {},
+                std::optional<bool> check_agreement = std::nullopt);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const std::string& backend() const { return backend_; }
   uint64_t sequence() const { return seq_; }
+  bool checks_agreement() const { return monitor_->checks_agreement(); }
+  const FlightRecorder& recorder() const { return monitor_->recorder(); }
 
   // Sum over ranks, in place.
   CommWork all_reduce(at::Tensor tensor, const std::string& what);
@@ -56,12 +73,17 @@ class Comm {
   void barrier(const std::string& what);
 
  private:
-  CommWork issue(c10::intrusive_ptr<c10d::Work> work, const char* op, const at::Tensor& t,
-                 const std::string& what);
+  // Numbers, records and publishes the next collective (and checks agreement in debug mode)
+  // before it reaches the backend; returns its description.
+  std::string begin(const std::string& description, bool whole_group);
+  // Hands the backend's work to a CommWork; a synchronous backend error becomes a CommError too.
+  template <typename Issue>
+  CommWork issue(const std::string& description, bool device_async, Issue&& call,
+                 bool point_to_point = false);
   void check_tensor(const at::Tensor& t, const char* op, const std::string& what) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  std::chrono::milliseconds timeout_;
+  std::shared_ptr<CommMonitor> monitor_;
   int rank_;
   int world_size_;
   std::string backend_;

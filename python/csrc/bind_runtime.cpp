@@ -1,6 +1,9 @@
 // Bindings for runtime/: the communicator (built from a torch ProcessGroup), memory accounting.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
+
+#include <optional>
 
 #include "python/csrc/bindings.h"
 #include "runtime/comm.h"
@@ -12,16 +15,39 @@ namespace zeroshard::python {
 
 void bind_runtime(py::module_& m) {
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
-      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, double timeout_s) {
-             return std::make_shared<Comm>(
-                 group, std::chrono::milliseconds(int64_t(timeout_s * 1000.0)));
+      // store: the group's c10d Store (dist.distributed_c10d._get_default_store() for WORLD), so
+      // that errors name every rank's collective. debug_collectives: None reads
+      // ZEROSHARD_DEBUG_COLLECTIVES; True checks on every collective that all ranks issue the same.
+      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& group, double timeout_s,
+                       const py::object& store, const py::object& debug_collectives) {
+             c10::intrusive_ptr<c10d::Store> s;
+             if (!store.is_none()) s = store.cast<c10::intrusive_ptr<c10d::Store>>();
+             std::optional<bool> check;
+             if (!debug_collectives.is_none()) check = debug_collectives.cast<bool>();
+             // Dropped without the GIL: the group's destructor waits for Gloo's worker threads,
+             // which may need the GIL to free the last tensors of a finished collective.
+             return std::shared_ptr<Comm>(
+                 new Comm(group, std::chrono::milliseconds(int64_t(timeout_s * 1000.0)), s, check),
+                 [](Comm* c) {
+                   if (PyGILState_Check()) {
+                     py::gil_scoped_release no_gil;
+                     delete c;
+                   } else {
+                     delete c;
+                   }
+                 });
            }),
-           py::arg("group"), py::arg("timeout_s") = 1800.0)
+           py::arg("group"), py::arg("timeout_s") = 1800.0, py::arg("store") = py::none(),
+           py::arg("debug_collectives") = py::none())
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("world_size", &Comm::world_size)
       .def_property_readonly("backend", &Comm::backend)
       .def_property_readonly("sequence", &Comm::sequence)
+      .def_property_readonly("checks_agreement", &Comm::checks_agreement)
+      .def("recent_collectives", [](const Comm& c) { return c.recorder().summary(); })
       .def("all_reduce", [](Comm& c, at::Tensor t, const std::string& what) { c.all_reduce(t, what).wait(); },
+           py::arg("tensor"), py::arg("what") = "python", py::call_guard<py::gil_scoped_release>())
+      .def("all_reduce_max", [](Comm& c, at::Tensor t, const std::string& what) { c.all_reduce_max(t, what).wait(); },
            py::arg("tensor"), py::arg("what") = "python", py::call_guard<py::gil_scoped_release>())
       .def("reduce_scatter",
            [](Comm& c, at::Tensor out, at::Tensor in, const std::string& what) { c.reduce_scatter(out, in, what).wait(); },
@@ -34,6 +60,14 @@ void bind_runtime(py::module_& m) {
       .def("broadcast",
            [](Comm& c, at::Tensor t, int root, const std::string& what) { c.broadcast(t, root, what).wait(); },
            py::arg("tensor"), py::arg("root"), py::arg("what") = "python",
+           py::call_guard<py::gil_scoped_release>())
+      .def("send",
+           [](Comm& c, at::Tensor t, int dst, int tag, const std::string& what) { c.send(t, dst, tag, what).wait(); },
+           py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("what") = "python",
+           py::call_guard<py::gil_scoped_release>())
+      .def("recv",
+           [](Comm& c, at::Tensor t, int src, int tag, const std::string& what) { c.recv(t, src, tag, what).wait(); },
+           py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>())
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>());
