@@ -79,7 +79,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.device = comm_device()
         self.module = model.to(self.device)
         self.dtype = _DTYPES[s["precision"]]
-        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds())
+        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds(), store=dist.distributed_c10d._get_default_store())
 
         spec, groups = self._optimizer_spec(optimizer, model_parameters)
         self._build_core(spec, groups)
