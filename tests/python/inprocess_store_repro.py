@@ -10,128 +10,19 @@ per rank, each with its own connection to one TCPStore, so every collective runs
 (Torch's wheel ships no Gloo headers, so the group is built here rather than in a Catch2 test.)"""
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from test_comm import _gloo_group, on_ranks
+from test_comm import test_collectives as collectives
 from zeroshard import _C
 
 
-def _gloo_group(store, rank, world):
-    pg = dist.ProcessGroup(store, rank, world)
-    backend = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=30))
-    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
-    return pg
-
-
-def on_ranks(world, body, with_store=False, debug=None, timeout_s=30.0):
-    """body(comm) on every rank; with_store passes the groups' store to Comm (errors then name
-    every rank), debug the agreement check (None: the environment's setting)."""
-    # As in a real job, every rank has its own connection to one TCPStore (the server lives in the
-    # test process); a single HashStore shared by all rank threads is not what ranks ever see.
-    server = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    stores = [dist.TCPStore("127.0.0.1", server.port, world, is_master=False) for _ in range(world)]
-    errors = [None] * world
-    results = [None] * world
-    # Every rank's group stays alive until all threads are done: a group torn down while a peer
-    # is still finishing the last collective would strand that peer.
-    comms = [None] * world
-
-    def build(rank):
-        try:
-            comms[rank] = _C.Comm(_gloo_group(stores[rank], rank, world), timeout_s,
-                                  store=stores[rank] if with_store else None, debug_collectives=debug)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the test thread
-            errors[rank] = e
-
-    def run(rank):
-        try:
-            results[rank] = body(comms[rank])
-        except BaseException as e:  # noqa: BLE001 - re-raised on the test thread
-            errors[rank] = e
-
-    # Two phases: every group is fully built (the groups rendezvous, so concurrently) before any
-    # rank issues a collective; building one while another rank already communicates crashed
-    # intermittently inside torch's Gloo set-up.
-    for phase in (build, run):
-        threads = [threading.Thread(target=phase, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-            assert not t.is_alive(), "a rank thread hung"
-        if any(e is not None for e in errors):
-            break
-    comms.clear()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
-
-
-@pytest.mark.parametrize("world,with_store,debug", [(1, False, None), (2, False, None), (4, False, None),
-                                                    (2, True, False), (4, True, True)])
-def test_collectives(world, with_store, debug):
-    def body(c):
-        r = c.rank
-        assert c.world_size == world and c.backend == "gloo"
-        x = torch.full((8,), float(r + 1))
-        c.all_reduce(x, "sum")
-        assert torch.equal(x, torch.full((8,), world * (world + 1) / 2))
-        inp = torch.arange(4 * world, dtype=torch.float32) + r
-        out = torch.empty(4)
-        c.reduce_scatter(out, inp, "reduce_scatter")
-        assert torch.equal(out, torch.arange(4 * r, 4 * r + 4, dtype=torch.float32) * world
-                           + world * (world - 1) / 2)
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            flat = torch.zeros(3 * world, dtype=dtype)
-            flat[3 * r:3 * r + 3] = r + 1
-            c.all_gather(flat, flat[3 * r:3 * r + 3], "in-place all_gather")
-            assert torch.equal(flat, torch.arange(1, world + 1).repeat_interleave(3).to(dtype))
-        b = torch.full((5,), float(r))
-        c.broadcast(b, world - 1, "broadcast")
-        assert torch.equal(b, torch.full((5,), float(world - 1)))
-        c.barrier("end")
-        return c.sequence
-    sequences = on_ranks(world, body, with_store, debug)
-    assert len(set(sequences)) == 1 and sequences[0] == 7  # one number per collective, same on all
-
-
-def test_shape_errors_name_the_collective_and_sizes():
-    def body(c):
-        with pytest.raises(RuntimeError, match="reduce_scatter\\(grads\\): input has 5 elements, "
-                                               "expected world_size 2 x 2"):
-            c.reduce_scatter(torch.zeros(2), torch.zeros(5), "grads")
-        with pytest.raises(RuntimeError, match="all_gather\\(params\\): output has 5 elements, "
-                                               "expected world_size 2 x 2"):
-            c.all_gather(torch.zeros(5), torch.zeros(2), "params")
-    on_ranks(2, body)
-
-
-def test_a_late_peer_ends_in_an_error_naming_rank_sequence_and_collective():
-    """Rank 1 has not joined the all_reduce when rank 0's timeout passes: rank 0 gets a CommError
-    naming itself, the sequence number and the collective, not a hang. Rank 1 joins afterwards so
-    the collective left in flight completes and both groups shut down."""
-    store = dist.HashStore()
-    pgs = [None, None]
-
-    def make(rank):
-        pgs[rank] = _gloo_group(store, rank, 2)
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    comm = _C.Comm(pgs[0], 2.0)
-    with pytest.raises(_C.CommError, match=r"collective timeout after 2 s on rank 0 in #1 "
-                                           r"all_reduce\(lonely, 4 x Float, 16 B\): rank 0 is in #1 "
-                                           r"all_reduce\(lonely, 4 x Float, 16 B\) \(the other ranks are "
-                                           r"unknown: this communicator has no store\)"):
-        comm.all_reduce(torch.ones(4), "lonely")
-    pgs[1].allreduce([torch.ones(4)]).wait()
+@pytest.mark.parametrize("world,debug", [(2, False), (4, True)])
+def test_collectives_with_store(world, debug):
+    collectives(world, True, debug)
 
 
 def test_descriptions_carry_bytes_and_the_flight_recorder_keeps_the_latest():
@@ -178,12 +69,6 @@ def test_debug_mode_raises_the_same_mismatch_on_every_rank(case):
     }[case]
     for rank, m in enumerate(messages):
         assert m.startswith(f"collective mismatch at #2: {expected} (seen by rank {rank}; "), m
-
-
-def test_debug_mode_needs_a_store():
-    store = dist.HashStore()
-    with pytest.raises(ValueError, match="ZEROSHARD_DEBUG_COLLECTIVES=1: .* pass store="):
-        _C.Comm(_gloo_group(store, 0, 1), 1.0, debug_collectives=True)
 
 
 def _groups(world):
