@@ -83,19 +83,27 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
     }
   }
   grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
-  for (int64_t i = 0; i < state_tensors(spec.kind); ++i) {
-    const double fill = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
-    state_.push_back(at::full({owned_.numel()}, fill, fp32));
-  }
+  state_count_ = state_tensors(spec.kind);
+  state_fill_ = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
 
   accounted_[0] = params_.nbytes();
   accounted_[1] = grads_.nbytes();
   accounted_[2] = master_.defined() ? master_.nbytes() : 0;
-  for (const auto& s : state_) accounted_[3] += s.nbytes();
   memory_.add(MemoryCategory::parameters, accounted_[0]);
   memory_.add(MemoryCategory::gradients, accounted_[1]);
   memory_.add(MemoryCategory::master_weights, accounted_[2]);
-  memory_.add(MemoryCategory::optimizer_state, accounted_[3]);
+}
+
+std::vector<at::Tensor>& FlatGroup::state() {
+  if (int64_t(state_.size()) < state_count_) {
+    const auto fp32 = params_.options().dtype(at::kFloat);
+    for (int64_t i = 0; i < state_count_; ++i) {
+      state_.push_back(at::full({owned_.numel()}, state_fill_, fp32));
+      accounted_[3] += state_.back().nbytes();
+    }
+    memory_.add(MemoryCategory::optimizer_state, accounted_[3]);
+  }
+  return state_;
 }
 
 FlatGroup::~FlatGroup() {

@@ -63,7 +63,11 @@ class FlatGroup {
   // Stage 3: takes tensor i's full values (edited by the user) into this rank's chunk of the
   // parameters and of the master weights.
   void write_chunk(int64_t i, const at::Tensor& full, int64_t rank);
-  std::vector<at::Tensor>& state() { return state_; }
+  // The optimizer state of the owned range, created (and accounted) on first use, that is at the
+  // first optimizer step, as torch.optim does: until then the caller's original parameter tensors
+  // are usually still alive, and creating the state with them would raise the set-up peak above
+  // the training steady state.
+  std::vector<at::Tensor>& state();
   bool mixed_precision() const { return master_.defined(); }
 
  private:
@@ -79,6 +83,8 @@ class FlatGroup {
   at::Tensor grads_;
   at::Tensor master_;
   std::vector<at::Tensor> state_;
+  int64_t state_count_;
+  double state_fill_;
   MemoryAccount& memory_;
   int64_t accounted_[4] = {0, 0, 0, 0};
 };

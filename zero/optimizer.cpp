@@ -72,7 +72,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   std::vector<FlatGroup*> raw;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (prechunked_shapes.empty()) {
-      groups_.push_back(std::make_unique<FlatGroup>(broadcast_from_rank0(groups[g]), spec, memory_));
+      broadcast_from_rank0(groups[g]);
+      groups_.push_back(std::make_unique<FlatGroup>(groups[g], spec, memory_));
     } else {
       // zero.Init already took rank 0's values when it partitioned each parameter.
       GroupSpec chunked = spec;
@@ -96,21 +97,39 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   group_steps_.assign(groups_.size(), 0);
 }
 
-std::vector<at::Tensor> ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& params) {
-  if (comm_->world_size() == 1) return params;
+void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& params) {
+  if (comm_->world_size() == 1) return;
   // Every rank starts from rank 0's fp32 values (as DeepSpeed broadcasts the model at start), so
-  // master weights seeded locally agree everywhere. One flat broadcast per group, at full precision.
-  std::vector<at::Tensor> flat_pieces;
-  for (const auto& p : params) flat_pieces.push_back(p.detach().reshape(-1).to(at::kFloat));
-  at::Tensor flat = at::cat(flat_pieces);
-  comm_->broadcast(flat, 0, "initial parameters").wait();
-  std::vector<at::Tensor> out;
-  int64_t offset = 0;
+  // master weights seeded locally agree everywhere. The values are overwritten in place, a bucket
+  // of tensors at a time: a flat copy of the whole model would raise the set-up peak by its size.
   for (const auto& p : params) {
-    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
+    ZS_CHECK(p.scalar_type() == at::kFloat, "ZeroOptimizer: parameter values must be fp32, got ",
+             p.scalar_type());
   }
-  return out;
+  size_t first = 0;
+  int64_t bucket = 0;
+  while (first < params.size()) {
+    size_t end = first;
+    int64_t numel = 0;
+    while (end < params.size() && (end == first || numel + params[end].numel() <= kInPlaceBucketNumel)) {
+      numel += params[end++].numel();
+    }
+    const std::string what = detail::cat("initial parameters, bucket ", bucket++);
+    if (end == first + 1 && params[first].is_contiguous()) {
+      comm_->broadcast(params[first], 0, what).wait();
+    } else {
+      std::vector<at::Tensor> pieces;
+      for (size_t i = first; i < end; ++i) pieces.push_back(params[i].reshape(-1));
+      at::Tensor flat = at::cat(pieces);
+      comm_->broadcast(flat, 0, what).wait();
+      int64_t offset = 0;
+      for (size_t i = first; i < end; ++i) {
+        params[i].view(-1).copy_(flat.narrow(0, offset, params[i].numel()));
+        offset += params[i].numel();
+      }
+    }
+    first = end;
+  }
 }
 
 std::vector<std::vector<at::Tensor>> ZeroOptimizer::param_views() const {

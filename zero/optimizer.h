@@ -81,7 +81,8 @@ class ZeroOptimizer {
   // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the
   // state is sharded.
   std::pair<bool, double> inspect_gradients();
-  std::vector<at::Tensor> broadcast_from_rank0(const std::vector<at::Tensor>& params);
+  // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32).
+  void broadcast_from_rank0(const std::vector<at::Tensor>& params);
   void apply(FlatGroup& g, int64_t group_index, const GroupHyper& h, double grad_scale);
 
   std::shared_ptr<Comm> comm_;
