@@ -9,6 +9,11 @@
 #include "runtime/error.h"
 
 namespace zeroshard {
+namespace {
+// Parameters of at least this many elements (4 MB in fp32) get an all-gather of their own, straight
+// into their full tensor; smaller ones are batched, as one collective each costs a round trip.
+constexpr int64_t kDirectGatherNumel = int64_t(1) << 20;
+}  // namespace
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
                                    const ZeroConfig& config, MemoryAccount& memory)
@@ -243,22 +248,36 @@ void ParamCoordinator::gather(const std::vector<int64_t>& indices) {
 int64_t ParamCoordinator::start_gather(int64_t g, const std::vector<int64_t>& members) {
   FlatGroup& group = *groups_[size_t(g)];
   const ChunkLayout& L = group.chunk_layout();
+  const int64_t world = comm_->world_size();
   Gather x;
   x.group = g;
   x.members = members;
   std::vector<at::Tensor> mine;
   for (int64_t i : members) {
     Param& p = params_[size_t(i)];
-    mine.push_back(group.params().narrow(0, L.local_offsets[size_t(p.index)], L.chunks[size_t(p.index)]));
-    x.offsets.push_back(x.send_numel);
-    x.send_numel += L.chunks[size_t(p.index)];
+    const int64_t chunk = L.chunks[size_t(p.index)];
+    // This rank's chunk, padded to the chunk size: the flat shard reserves whole chunks.
+    at::Tensor own = group.params().narrow(0, L.local_offsets[size_t(p.index)], chunk);
     if (!p.persistent) live_numel_ += p.numel;
+    if (chunk * world >= kDirectGatherNumel) {
+      // Rank r's chunk lands at r * chunk: exactly the parameter's layout, padding at the end.
+      at::Tensor full = at::empty({chunk * world}, own.options());
+      x.direct_works.push_back(comm_->all_gather(full, own, detail::cat("parameter ", i)));
+      x.direct.emplace_back(i, std::move(full));
+      continue;
+    }
+    x.batched.push_back(i);
+    mine.push_back(own);
+    x.offsets.push_back(x.send_numel);
+    x.send_numel += chunk;
   }
   peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
-  // Every rank sends its chunks of these parameters back to back.
-  x.send = mine.size() == 1 ? mine[0].contiguous() : at::cat(mine);
-  x.recv = at::empty({x.send_numel * comm_->world_size()}, x.send.options());
-  x.work = comm_->all_gather(x.recv, x.send, detail::cat("parameters of ", members.size(), " tensors"));
+  if (!x.batched.empty()) {
+    // Every rank sends its chunks of these parameters back to back.
+    x.send = mine.size() == 1 ? mine[0].contiguous() : at::cat(mine);
+    x.recv = at::empty({x.send_numel * world}, x.send.options());
+    x.work = comm_->all_gather(x.recv, x.send, detail::cat("parameters of ", x.batched.size(), " tensors"));
+  }
   const int64_t id = next_gather_id_++;
   for (int64_t i : members) params_[size_t(i)].in_flight = id;
   gathers_.emplace(id, std::move(x));
@@ -270,14 +289,27 @@ void ParamCoordinator::complete_gather(int64_t id) {
   ZS_CHECK(it != gathers_.end(), "ParamCoordinator: no gather #", id, " in flight");
   Gather x = std::move(it->second);
   gathers_.erase(it);
-  // Waited here: the module about to run reads these parameters.
-  x.work.wait();
   const FlatGroup& group = *groups_[size_t(x.group)];
   const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();
-  for (size_t k = 0; k < x.members.size(); ++k) {
-    Param& p = params_[size_t(x.members[k])];
-    const int64_t t = p.index;
+  auto publish = [&](int64_t i, const at::Tensor& full) {
+    Param& p = params_[size_t(i)];
+    p.tensor.set_data(full.view(group.shape(p.index)));
+    p.gathered = true;
+    p.in_flight = -1;
+    memory_.add(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
+                int64_t(p.tensor.nbytes()));
+  };
+  // Waited here, in issue order: the module about to run reads these parameters.
+  for (size_t k = 0; k < x.direct.size(); ++k) {
+    x.direct_works[k].wait();
+    const auto& [i, full] = x.direct[k];
+    publish(i, full.narrow(0, 0, params_[size_t(i)].numel));
+  }
+  if (x.batched.empty()) return;
+  x.work.wait();
+  for (size_t k = 0; k < x.batched.size(); ++k) {
+    const int64_t t = params_[size_t(x.batched[k])].index;
     at::Tensor full = at::empty({L.numels[size_t(t)]}, x.send.options());
     for (int64_t r = 0; r < world; ++r) {
       const int64_t held = L.held_numel(t, r);
@@ -286,11 +318,7 @@ void ParamCoordinator::complete_gather(int64_t id) {
             .copy_(x.recv.narrow(0, r * x.send_numel + x.offsets[k], held));
       }
     }
-    p.tensor.set_data(full.view(group.shape(t)));
-    p.gathered = true;
-    p.in_flight = -1;
-    memory_.add(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                int64_t(full.nbytes()));
+    publish(x.batched[k], full);
   }
 }
 

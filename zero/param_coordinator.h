@@ -73,13 +73,19 @@ class ParamCoordinator {
     int64_t numel = 0;
     int64_t backward_fetches = 0;
   };
-  struct Gather {                   // one async all-gather of several parameters of one group
+  // One async gather of several parameters of one group. A large parameter is all-gathered
+  // straight into its own padded full tensor (no staging copy, so a gather never needs more than
+  // the gathered bytes); the small ones share one all-gather through a staging buffer.
+  struct Gather {
     int64_t group = 0;
     std::vector<int64_t> members;
-    std::vector<int64_t> offsets;   // of each member's chunk in the send buffer
+    std::vector<int64_t> batched;   // members that share the staging all-gather
+    std::vector<int64_t> offsets;   // of each batched member's chunk in the send buffer
     int64_t send_numel = 0;
     at::Tensor send, recv;
-    CommWork work;
+    CommWork work;                  // the staging all-gather (pending only when batched is not empty)
+    std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
+    std::vector<CommWork> direct_works;
   };
   void gather(const std::vector<int64_t>& params);
   int64_t start_gather(int64_t group, const std::vector<int64_t>& members);
