@@ -233,10 +233,29 @@ void ParamCoordinator::drop(Param& p) {
   memory_.release(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
                   int64_t(p.tensor.nbytes()));
   if (!p.persistent) live_numel_ -= p.numel;
-  // An empty storage in place of the full values; autograd's saved references keep whatever
-  // they still need alive until backward has used it.
+  // The Parameter shows an empty tensor, as in DeepSpeed; the gathered storage itself gives its
+  // memory back even where autograd still holds views of it (they are read only after the module
+  // is gathered again for backward, into this same storage).
   p.tensor.set_data(at::empty({0}, p.tensor.options()));
+  c10::StorageImpl* s = p.storage.unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
   p.gathered = false;
+}
+
+at::Tensor ParamCoordinator::gathered_buffer(Param& p, int64_t numel, const at::TensorOptions& options) {
+  if (!p.storage) {
+    at::Tensor t = at::empty({numel}, options);
+    p.storage = t.storage();
+    return t;
+  }
+  c10::StorageImpl* s = p.storage.unsafeGetStorageImpl();
+  const size_t nbytes = size_t(numel) * options.dtype().itemsize();
+  if (s->nbytes() != nbytes) {
+    s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+    s->set_nbytes(nbytes);
+  }
+  return at::empty({0}, options).set_(p.storage, 0, {numel}, {1});
 }
 
 void ParamCoordinator::gather(const std::vector<int64_t>& indices) {
@@ -261,7 +280,7 @@ int64_t ParamCoordinator::start_gather(int64_t g, const std::vector<int64_t>& me
     if (!p.persistent) live_numel_ += p.numel;
     if (chunk * world >= kDirectGatherNumel) {
       // Rank r's chunk lands at r * chunk: exactly the parameter's layout, padding at the end.
-      at::Tensor full = at::empty({chunk * world}, own.options());
+      at::Tensor full = gathered_buffer(p, chunk * world, own.options());
       x.direct_works.push_back(comm_->all_gather(full, own, detail::cat("parameter ", i)));
       x.direct.emplace_back(i, std::move(full));
       continue;
@@ -309,8 +328,9 @@ void ParamCoordinator::complete_gather(int64_t id) {
   if (x.batched.empty()) return;
   x.work.wait();
   for (size_t k = 0; k < x.batched.size(); ++k) {
-    const int64_t t = params_[size_t(x.batched[k])].index;
-    at::Tensor full = at::empty({L.numels[size_t(t)]}, x.send.options());
+    Param& p = params_[size_t(x.batched[k])];
+    const int64_t t = p.index;
+    at::Tensor full = gathered_buffer(p, L.numels[size_t(t)], x.send.options());
     for (int64_t r = 0; r < world; ++r) {
       const int64_t held = L.held_numel(t, r);
       if (held > 0) {

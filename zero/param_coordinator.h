@@ -61,6 +61,10 @@ class ParamCoordinator {
     int64_t group = 0, index = 0;   // position in its FlatGroup
     int64_t numel = 0;
     at::Tensor tensor;              // the module's Parameter (its storage is swapped)
+    // The gathered values' storage, kept across releases with its memory freed (0 bytes) while
+    // released, as FSDP2 does: autograd's saved views of a parameter (linear saves weight.t())
+    // then see the values gathered again for backward instead of pinning forward's copy.
+    c10::Storage storage;
     int64_t refs = 0;
     bool persistent = false;
     bool gathered = false;
@@ -95,6 +99,8 @@ class ParamCoordinator {
   bool reused_soon(int64_t param) const;
   void unused(Param& p);
   void drop(Param& p);
+  // p's gathered storage, (re)allocated to hold numel elements, as a flat tensor.
+  at::Tensor gathered_buffer(Param& p, int64_t numel, const at::TensorOptions& options);
   void check_module(int64_t module_id) const;
 
   std::vector<FlatGroup*> groups_;

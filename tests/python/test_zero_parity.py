@@ -231,3 +231,15 @@ def test_variant_parity_stage2_3_world2(name, stage):
 def test_fp16_parity_world2(stage):
     """fp16 with dynamic loss scaling (initial scale 2^8, so steps really are scaled and unscaled)."""
     run_distributed(parity_worker, 2, "gpt", stage, "fp16", 1, ADAMW, 0.0, 2000, STEPS)
+
+
+@pytest.mark.parametrize("model_name,precision", [("gpt", "fp32"), ("gpt", "bf16"), ("awkward", "fp32")])
+def test_zero3_release_after_forward_parity(model_name, precision):
+    """Reuse distance 0 releases every module after its forward (its storage's memory is freed
+    while autograd still holds views of it, such as linear's saved weight.t()) and gathers it
+    again into the same storage for backward, with prefetch along the trace."""
+    extra = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500,
+                                   "stage3_param_persistence_threshold": 0,
+                                   "stage3_max_reuse_distance": 0,
+                                   "stage3_prefetch_bucket_size": 3000}}
+    run_distributed(parity_worker, 2, model_name, 3, precision, 2, ADAMW, 0.0, 500, STEPS, extra)
