@@ -46,10 +46,20 @@ IMPLS = {
     "fsdp2-ra0": ("torch FSDP2 reshard_after_forward=False", 2),
     "ds2": ("DeepSpeed", 2),
     "zs3": ("zeroshard", 3),
+    # DeepSpeed's default stage3_max_reuse_distance (1e9 elements) keeps every parameter of a 100M
+    # model gathered from its forward use to its backward use, and its default
+    # stage3_prefetch_bucket_size (5e7) gathers half of this model ahead. FSDP2's
+    # reshard_after_forward=True instead frees each block after its forward, gathers it again in
+    # backward and prefetches one block: reuse distance 0 and a 1e7-element (about one block)
+    # prefetch do the same.
+    "zs3-r0": ("zeroshard reuse distance 0, prefetch 1e7", 3),
     "fsdp2-ra1": ("torch FSDP2 reshard_after_forward=True", 3),
     "ds3": ("DeepSpeed", 3),
 }
-PEER = {0: "ddp", 1: "zero-r", 2: "fsdp2-ra0", 3: "fsdp2-ra1"}
+# zeroshard implementation -> the torch peer it is held against
+PEER = {"zs0": "ddp", "zs1": "zero-r", "zs2": "fsdp2-ra0", "zs3": "fsdp2-ra1", "zs3-r0": "fsdp2-ra1"}
+# zeroshard config keys each variant sets on top of the shared config
+ZS_EXTRA = {"zs3-r0": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +128,7 @@ def _batch(data, step, rank, world, micro):
     return torch.stack([data[(first + i) % len(data)] for i in range(micro)])
 
 
-def _ds_config(a, stage):
+def _ds_config(a, stage, extra=None):
     return {
         "train_micro_batch_size_per_gpu": a.micro,
         "gradient_accumulation_steps": 1,
@@ -126,7 +136,7 @@ def _ds_config(a, stage):
         "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.01,
                                                   "betas": [0.9, 0.999], "eps": 1e-8}},
         "zero_optimization": {"stage": stage, **({"reduce_bucket_size": a.reduce_bucket_size}
-                                                 if a.reduce_bucket_size else {})},
+                                                 if a.reduce_bucket_size else {}), **(extra or {})},
         "bf16": {"enabled": a.dtype == "bf16"},
     }
 
@@ -172,7 +182,7 @@ def worker(a):
     if impl.startswith("zs"):
         import zeroshard
         engine, opt, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
-                                                 config=_ds_config(a, stage))
+                                                 config=_ds_config(a, stage, ZS_EXTRA.get(impl)))
         zs_engine = engine
         roots = [engine, opt]
 
@@ -236,6 +246,13 @@ def worker(a):
             probe and probe()
             return loss
 
+    # Where the peak RSS is reached: (phase, current RSS, peak RSS so far) after set-up and after
+    # each phase of the warm-up steps.
+    def rss_mark(phase):
+        rss_trace.append((phase, _rss_now_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    rss_trace = []
+    rss_mark("set-up")
+
     # Warm-up; the last warm-up step samples the reachable model state after forward, after
     # backward and after the optimizer step, and keeps the largest.
     samples = []
@@ -244,12 +261,16 @@ def worker(a):
         batch = _batch(data, s, rank, world, a.micro)
         sample = s == a.warmup - 1
 
+        phases = iter(("forward", "backward", "step"))
+
         def probe():
+            rss_mark(f"{s}:{next(phases)}")
             if sample:
                 top = []
                 state, comm = reachable_tensor_bytes(roots, top)
                 samples.append((state, comm, top))
         loss = step_fn(batch, probe)
+        rss_mark(f"{s}:end")
         losses.append(float(loss.detach()))
     reach, reach_comm, top = max(samples, key=lambda x: x[0])
 
@@ -278,6 +299,7 @@ def worker(a):
     result["times"] = t.tolist()
     result["losses"] = losses
     result["rss_start"] = rss_start
+    result["rss_trace"] = rss_trace
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with open(os.path.join(a.result_dir, f"{impl}.{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -365,6 +387,9 @@ def summarize(res, a):
     row["reachable_top_mb"] = [(round(n / 1e6, 1), where) for n, where in r0["reachable_top"]]
     if "zs_peak" in r0:
         row["zs_peak"] = r0["zs_peak"]
+    worst = max(res["ranks"], key=lambda r: r["peak_rss"])
+    row["rss_trace_mb"] = [(phase, round(cur / 1e6), round(peak / 1e6))
+                           for phase, cur, peak in worst.get("rss_trace", [])]
     return row
 
 
@@ -384,16 +409,15 @@ def print_table(rows):
               f"| {r['loss_first']:.4f}->{r['loss_last']:.4f} |")
     print()
     by = {r["impl"]: r for r in rows if r["ok"]}
-    for stage, peer in PEER.items():
-        zs = by.get(f"zs{stage}")
-        p = by.get(peer)
+    for zs_impl, peer in PEER.items():
+        zs, p = by.get(zs_impl), by.get(peer)
         if zs and p:
-            print(f"stage {stage}: zeroshard / {p['label']}: time ratio {zs['ms_median'] / p['ms_median']:.2f}, "
+            print(f"stage {zs['stage']}: {zs['label']} / {p['label']}: time ratio {zs['ms_median'] / p['ms_median']:.2f}, "
                   f"model-state ratio {zs['model_state_mb'] / p['model_state_mb']:.2f}, "
                   f"peak RSS ratio {zs['peak_rss_mb'] / p['peak_rss_mb']:.2f}")
-        ds = by.get(f"ds{stage}")
+        ds = by.get(f"ds{zs_impl[2]}")
         if zs and ds:
-            print(f"stage {stage}: zeroshard / DeepSpeed: time ratio {zs['ms_median'] / ds['ms_median']:.2f}, "
+            print(f"stage {zs['stage']}: {zs['label']} / DeepSpeed: time ratio {zs['ms_median'] / ds['ms_median']:.2f}, "
                   f"model-state ratio {zs['model_state_mb'] / ds['model_state_mb']:.2f}, "
                   f"peak RSS ratio {zs['peak_rss_mb'] / ds['peak_rss_mb']:.2f}")
 
