@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <mutex>
 
 #include "runtime/error.h"
 
@@ -20,6 +21,15 @@ using std::chrono::milliseconds;
 
 // How often a blocked wait looks in the store for another rank's failure.
 constexpr milliseconds kAbortPollInterval{200};
+
+// Torch 2.11's c10d flight recorder is one per process and, on a group's first collective, adds
+// the group to a std::map before taking its lock (FlightRecorder::recordWithResetEnabled,
+// all_pg_status_). Groups of one process issuing at once (ranks as threads, as in the in-process
+// tests) corrupt that map: SIGSEGV in _Rb_tree_insert_and_rebalance under
+// ProcessGroupGloo::enqueue. So host work is issued under one process-wide lock; a host backend's
+// issue only enqueues, so the lock is never held for long. NCCL work is left out: its issue can
+// block (lazy communicator set-up), and a shared lock there could deadlock ranks sharing a process.
+std::mutex host_issue_mutex;
 
 // "all_reduce(gradient bucket 3, 1024 x Float, 4096 B)"; extra: "root 0", "to rank 1".
 std::string describe(const char* op, const at::Tensor& t, const std::string& what,
@@ -104,6 +114,8 @@ CommWork Comm::issue(const std::string& description, bool device_async, Issue&& 
                      bool point_to_point) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
+    std::unique_lock<std::mutex> serialized(host_issue_mutex, std::defer_lock);
+    if (!device_async) serialized.lock();  // see host_issue_mutex
     work = call();
   } catch (const std::exception& e) {
     monitor_->fail(seq_, description, CommFailure::backend, e.what());
