@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <thread>
 
 #include "runtime/collective_report.h"
 #include "runtime/error.h"
+#include "runtime/fatal_report.h"
 
 namespace zeroshard {
 
@@ -77,7 +79,10 @@ CommMonitor::CommMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int wo
         "through the process group's store, and this communicator has none; pass store= to Comm "
         "(the engine passes torch.distributed's default store)");
   }
+  fatal_reporter_ = add_fatal_reporter([this](const std::string& cause) { report_fatal(cause); });
 }
+
+CommMonitor::~CommMonitor() { remove_fatal_reporter(fatal_reporter_); }
 
 std::string CommMonitor::key(const std::string& what, int rank) const {
   return rank < 0 ? prefix_ + what : detail::cat(prefix_, what, "/", rank);
@@ -154,6 +159,34 @@ void CommMonitor::check_agreement(uint64_t seq, const std::string& description) 
 
 void CommMonitor::fail(uint64_t seq, const std::string& description, CommFailure kind,
                        const std::string& cause) {
+  throw CommError(failure_message(seq, description, kind, cause));
+}
+
+void CommMonitor::report_fatal(const std::string& cause) {
+  std::optional<FlightRecorder::Entry> current;
+  // The oldest in flight: the backend runs a group's collectives in the order they were issued.
+  for (const auto& e : recorder_.recent()) {
+    if (e.state == FlightRecorder::State::in_flight) {
+      current = e;
+      break;
+    }
+  }
+  if (!current) return;  // not this communicator's collective
+  const std::string message = failure_message(
+      current->seq, current->description, CommFailure::backend,
+      "the backend ended this process from its own thread: " + first_line(cause));
+  std::fprintf(stderr,
+               "[zeroshard] rank %d: fatal: %s Ranks that issue different collectives, or the "
+               "same one with different sizes, fail this way; ZEROSHARD_DEBUG_COLLECTIVES=1 "
+               "names the first difference.\n",
+               rank_, message.c_str());
+}
+
+std::string CommMonitor::failure_message(uint64_t seq, const std::string& description,
+                                         CommFailure kind, const std::string& cause) {
+  // The backend's thread is ending this process and reporting for it (report_fatal): wait for
+  // the abort rather than return an error that the process may not live to act on.
+  while (another_thread_is_terminating()) std::this_thread::sleep_for(milliseconds(100));
   recorder_.finished(seq, false);
   const std::string where = detail::cat(" on rank ", rank_, " in #", seq, " ", description);
   std::string headline;
@@ -210,7 +243,7 @@ void CommMonitor::fail(uint64_t seq, const std::string& description, CommFailure
   std::string message = detail::cat(headline, ": ", ranks_text, ". Recent on rank ", rank_, ": ",
                                     recorder_.summary(), ".");
   if (!cause.empty()) message += " Cause: " + first_line(cause);
-  throw CommError(message);
+  return message;
 }
 
 }  // namespace zeroshard

@@ -26,6 +26,9 @@ class CommMonitor {
   // ZEROSHARD_DEBUG_COLLECTIVES from the environment.
   CommMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
               std::chrono::milliseconds timeout, std::optional<bool> check_agreement);
+  ~CommMonitor();
+  CommMonitor(const CommMonitor&) = delete;
+  CommMonitor& operator=(const CommMonitor&) = delete;
 
   int rank() const { return rank_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -47,8 +50,17 @@ class CommMonitor {
   [[noreturn]] void fail(uint64_t seq, const std::string& description, CommFailure kind,
                          const std::string& cause);
 
+  // The process is ending in std::terminate (see runtime/fatal_report.h), typically because the
+  // backend's own thread threw: reports like fail() for the collective in flight, so the other
+  // ranks' errors name this one, and prints the all-rank message to stderr.
+  void report_fatal(const std::string& cause);
+
  private:
   std::string key(const std::string& what, int rank) const;
+  // fail()'s work without the throw: publishes this rank's report, gathers the others' and
+  // returns the message.
+  std::string failure_message(uint64_t seq, const std::string& description, CommFailure kind,
+                              const std::string& cause);
   void check_agreement(uint64_t seq, const std::string& description);
   // Waits until the store holds every key, polling for an abort; false on timeout.
   bool wait_for_keys(const std::vector<std::string>& keys, std::chrono::milliseconds limit,
@@ -63,6 +75,7 @@ class CommMonitor {
   std::string last_key_;   // this rank's "last started" key
   uint64_t checked_ = 0;   // whole-group collectives checked so far (debug mode)
   FlightRecorder recorder_;
+  int fatal_reporter_ = -1;  // this monitor's entry in the terminate handler's list
 };
 
 }  // namespace zeroshard

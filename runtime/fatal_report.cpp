@@ -32,21 +32,23 @@ Registry& registry() {
 }
 
 std::atomic<bool> reporting{false};
+std::atomic<std::thread::id> reporting_thread{};
 
 [[noreturn]] void on_terminate() {
   Registry& r = registry();
   // Only the first thread to terminate reports; any other waits here for the abort.
   if (!reporting.exchange(true)) {
+    reporting_thread = std::this_thread::get_id();
     const std::string cause = current_exception_text();
-    std::map<int, FatalReporter> reporters;
     {
+      // Held while reporting: a reporter's owner being destroyed meanwhile (the process exiting
+      // on another thread) waits in remove_fatal_reporter instead of freeing what is in use.
       std::lock_guard<std::mutex> lock(r.mutex);
-      reporters = r.reporters;
-    }
-    for (auto& [id, report] : reporters) {
-      try {
-        report(cause);
-      } catch (...) {
+      for (auto& [id, report] : r.reporters) {
+        try {
+          report(cause);
+        } catch (...) {
+        }
       }
     }
     std::fflush(nullptr);  // every stdio stream: abort() flushes none
@@ -74,6 +76,10 @@ void remove_fatal_reporter(int id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.reporters.erase(id);
+}
+
+bool another_thread_is_terminating() {
+  return reporting.load() && reporting_thread.load() != std::this_thread::get_id();
 }
 
 std::string current_exception_text() {

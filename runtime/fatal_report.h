@@ -18,6 +18,10 @@ using FatalReporter = std::function<void(const std::string& cause)>;
 int add_fatal_reporter(FatalReporter reporter);
 void remove_fatal_reporter(int id);
 
+// True while another thread of this process is in the terminate handler (the process is about
+// to abort): a rank's own failure path then waits for the abort instead of racing it.
+bool another_thread_is_terminating();
+
 // The message of the exception being handled in this thread: "<type>: <what>".
 std::string current_exception_text();
 

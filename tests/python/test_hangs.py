@@ -53,10 +53,13 @@ def _batch(step):
     return torch.randn(2, 16, generator=torch.Generator().manual_seed(step))
 
 
-def desync_worker(stage, steps):
-    """Trains `steps` steps with rank 1 skipping block 1; returns the error each rank ended with."""
+def desync_worker(stage, steps, stderr_prefix=None):
+    """Trains `steps` steps with rank 1 skipping block 1; returns the error each rank ended with.
+    With stderr_prefix, the rank's stderr goes to <stderr_prefix>.<rank> (read after a rank died)."""
     from zeroshard import _C
     rank = int(os.environ["RANK"])
+    if stderr_prefix:
+        os.dup2(os.open(f"{stderr_prefix}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     engine = _engine(stage)
     start = time.monotonic()
     try:
@@ -98,17 +101,30 @@ def test_debug_mode_reports_the_mismatch_on_every_rank(stage):
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_without_debug_every_rank_ends_within_the_timeout_naming_every_rank(stage):
+def test_without_debug_every_rank_ends_within_the_timeout_naming_every_rank(stage, tmp_path):
     """Without the check the buckets' sizes differ, and Gloo itself may notice first: its I/O
-    thread then calls std::terminate on the receiving rank ("Received data size doesn't match
-    expected size"), which no library can catch. Every rank that survives raises our error,
-    naming both ranks' sequence numbers and collectives (the killed rank by its last one)."""
+    thread then throws on the receiving rank ("Received data size doesn't match expected size"),
+    which ends that process in std::terminate, where no caller can catch it. zeroshard's
+    terminate handler still reports that rank's collective to the others and prints the
+    all-rank message on its stderr before the abort. Every rank that survives raises the error,
+    naming both ranks' sequence numbers and collectives."""
     env = {"ZEROSHARD_TIMEOUT": str(ENGINE_TIMEOUT_S / 60), "OMP_NUM_THREADS": "1"}
-    got, exitcodes = _run_tolerating_deaths(desync_worker, 2, stage, 3, timeout=HARNESS_TIMEOUT_S, env=env)
-    assert got, f"no rank reported; exit codes {exitcodes}"
+    prefix = str(tmp_path / "stderr")
+    got, exitcodes = _run_tolerating_deaths(desync_worker, 2, stage, 3, prefix,
+                                            timeout=HARNESS_TIMEOUT_S, env=env)
+    # Each rank either raised the error or was ended by Gloo and printed it; sometimes both ranks
+    # receive a wrong size, and both are ended.
     for rank in range(2):
         if rank not in got:
             assert exitcodes[rank] == -6, f"rank {rank} neither reported nor was killed by Gloo: {exitcodes}"
+            with open(f"{prefix}.{rank}") as f:
+                stderr = f.read()
+            fatal = [line for line in stderr.splitlines() if line.startswith(f"[zeroshard] rank {rank}: fatal: ")]
+            assert fatal, stderr[-3000:]
+            assert re.search(rf"collective failed on rank {rank} in #\d+ \w+\(", fatal[0]), fatal[0]
+            assert _names_every_rank(fatal[0], 2), fatal[0]
+            assert "the backend ended this process from its own thread" in fatal[0], fatal[0]
+            assert "ZEROSHARD_DEBUG_COLLECTIVES=1" in fatal[0], fatal[0]
             continue
         status, o = got[rank]
         assert status == "ok", o
