@@ -36,18 +36,28 @@ ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_p
 }
 
 ParamCoordinator::~ParamCoordinator() {
-  for (auto& [id, g] : gathers_) {
+  // A collective in flight must finish before its buffers go.
+  auto finish = [](CommWork& work) {
     try {
-      g.work.wait();  // a collective in flight must finish before its buffers go
+      work.wait();
     } catch (const std::exception&) {
     }
+  };
+  for (auto& [id, g] : gathers_) {
+    finish(g.work);
+    for (auto& w : g.direct_works) finish(w);
   }
   for (auto& p : params_) {
-    if (p.gathered) {
-      memory_.release(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                      int64_t(p.tensor.nbytes()));
-    }
+    if (p.gathered || p.in_flight >= 0) memory_.release(category(p), gathered_bytes(p));
   }
+}
+
+MemoryCategory ParamCoordinator::category(const Param& p) {
+  return p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters;
+}
+
+int64_t ParamCoordinator::gathered_bytes(const Param& p) const {
+  return p.numel * int64_t(groups_[size_t(p.group)]->params().element_size());
 }
 
 void ParamCoordinator::attach(const std::vector<at::Tensor>& params) {
@@ -104,6 +114,10 @@ void ParamCoordinator::fetch_params(const std::vector<int64_t>& indices) {
   for (int64_t i : indices) {
     Param& p = params_.at(size_t(i));
     if (p.in_flight >= 0) complete_gather(p.in_flight);  // prefetched: only wait for it
+    if (p.prefetched) {
+      p.prefetched = false;
+      prefetched_ahead_numel_ -= p.numel;
+    }
     if (!p.gathered && std::find(missing.begin(), missing.end(), i) == missing.end()) {
       missing.push_back(i);
       need += p.numel;
@@ -158,7 +172,10 @@ void ParamCoordinator::prefetch() {
   if (trace_.mode() != FetchTrace::Mode::follow || prefetch_numel_ <= 0) return;
   const auto& order = trace_.modules();
   std::map<int64_t, std::vector<int64_t>> by_group;
-  int64_t budget = prefetch_numel_;
+  // The bucket bounds everything prefetched and not yet fetched by its module, not each call's
+  // additions: otherwise every fetch starts a bucket more and forward ends with backward's
+  // parameters all gathered again.
+  int64_t budget = prefetch_numel_ - prefetched_ahead_numel_;
   for (size_t k = trace_.position(); k < order.size() && budget > 0; ++k) {
     for (int64_t i : modules_[size_t(order[k])].params) {
       Param& p = params_[size_t(i)];
@@ -176,7 +193,12 @@ void ParamCoordinator::prefetch() {
   }
   for (auto& [g, members] : by_group) {
     if (members.empty()) continue;
-    for (int64_t i : members) live_numel_ -= params_[size_t(i)].numel;  // start_gather re-adds
+    for (int64_t i : members) {
+      Param& p = params_[size_t(i)];
+      live_numel_ -= p.numel;  // start_gather re-adds
+      p.prefetched = true;
+      prefetched_ahead_numel_ += p.numel;
+    }
     start_gather(g, members);
     prefetched_params_ += int64_t(members.size());
   }
@@ -230,9 +252,12 @@ void ParamCoordinator::refresh_persistent() {
 }
 
 void ParamCoordinator::drop(Param& p) {
-  memory_.release(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                  int64_t(p.tensor.nbytes()));
+  memory_.release(category(p), gathered_bytes(p));
   if (!p.persistent) live_numel_ -= p.numel;
+  if (p.prefetched) {  // prefetched but never used: the trace changed, or make_room needed it
+    p.prefetched = false;
+    prefetched_ahead_numel_ -= p.numel;
+  }
   // The Parameter shows an empty tensor, as in DeepSpeed; the gathered storage itself gives its
   // memory back even where autograd still holds views of it (they are read only after the module
   // is gathered again for backward, into this same storage).
@@ -278,6 +303,9 @@ int64_t ParamCoordinator::start_gather(int64_t g, const std::vector<int64_t>& me
     // This rank's chunk, padded to the chunk size: the flat shard reserves whole chunks.
     at::Tensor own = group.params().narrow(0, L.local_offsets[size_t(p.index)], chunk);
     if (!p.persistent) live_numel_ += p.numel;
+    // Counted from the start: a direct gather's buffer exists from here, and a prefetch's memory
+    // should show while it is in flight, not only once its module fetches it.
+    memory_.add(category(p), gathered_bytes(p));
     if (chunk * world >= kDirectGatherNumel) {
       // Rank r's chunk lands at r * chunk: exactly the parameter's layout, padding at the end.
       at::Tensor full = gathered_buffer(p, chunk * world, own.options());
@@ -316,8 +344,6 @@ void ParamCoordinator::complete_gather(int64_t id) {
     p.tensor.set_data(full.view(group.shape(p.index)));
     p.gathered = true;
     p.in_flight = -1;
-    memory_.add(p.persistent ? MemoryCategory::parameters : MemoryCategory::gathered_parameters,
-                int64_t(p.tensor.nbytes()));
   };
   // Waited here, in issue order: the module about to run reads these parameters.
   for (size_t k = 0; k < x.direct.size(); ++k) {

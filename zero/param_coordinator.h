@@ -5,10 +5,11 @@
 // report grad_done so a module gathered for backward is released once its gradients exist.
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
-// prefetch (async all-gathers of the next modules' parameters, up to stage3_prefetch_bucket_size
-// elements ahead), reuse (a released parameter used again within stage3_max_reuse_distance
-// elements stays gathered), and the cap (prefetched and kept parameters never push the gathered
-// total over stage3_max_live_parameters; only a module that needs more than that alone exceeds it).
+// prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
+// elements prefetched and not yet fetched by their module at any time), reuse (a released
+// parameter used again within stage3_max_reuse_distance elements stays gathered), and the cap
+// (prefetched and kept parameters never push the gathered total over stage3_max_live_parameters;
+// only a module that needs more than that alone exceeds it).
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -69,6 +70,7 @@ class ParamCoordinator {
     bool persistent = false;
     bool gathered = false;
     int64_t in_flight = -1;         // id of the async gather bringing it, or -1
+    bool prefetched = false;        // gathered ahead by prefetch(), its module not yet fetched
     bool grad_done = false;
     std::vector<int64_t> modules;
   };
@@ -99,6 +101,9 @@ class ParamCoordinator {
   bool reused_soon(int64_t param) const;
   void unused(Param& p);
   void drop(Param& p);
+  // Where a gathered (or in-flight) parameter's bytes are accounted, and how many.
+  static MemoryCategory category(const Param& p);
+  int64_t gathered_bytes(const Param& p) const;
   // p's gathered storage, (re)allocated to hold numel elements, as a flat tensor.
   at::Tensor gathered_buffer(Param& p, int64_t numel, const at::TensorOptions& options);
   void check_module(int64_t module_id) const;
@@ -115,6 +120,7 @@ class ParamCoordinator {
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded
   int64_t peak_live_numel_ = 0;
   int64_t prefetched_params_ = 0;
+  int64_t prefetched_ahead_numel_ = 0;  // of those marked prefetched: what the bucket bounds
 };
 
 }  // namespace zeroshard

@@ -126,28 +126,49 @@ def coordinator_worker(max_live, reuse, prefetch):
     rank = int(os.environ["RANK"])
     cfg = _config(stage3_max_live_parameters=max_live, stage3_max_reuse_distance=reuse,
                   stage3_prefetch_bucket_size=prefetch)
-    engine, *_ = zeroshard.initialize(model=tiny_gpt(), config=cfg)
-    peaks = []
+    model = tiny_gpt()
+    module_numels = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()]
+    model_numel = sum(p.numel() for p in model.parameters())
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    peaks, after_forward, accounted = [], [], []
     for step in range(3):
         engine._core.reset_gathered_peak()
         loss = engine(global_batch("gpt", step, 4)[2 * rank:2 * rank + 2])
+        after_forward.append(engine._core.live_gathered_numel)
+        accounted.append(engine.memory_bytes()["gathered_parameters"])
         engine.backward(loss)
         engine.step()
         peaks.append(engine._core.peak_gathered_numel)
-    return peaks, engine._core.prefetched_params, engine._core.trace_invalidations
+    return {"peaks": peaks, "prefetched": engine._core.prefetched_params,
+            "invalid": engine._core.trace_invalidations, "after_forward": after_forward,
+            "accounted_bytes": accounted,
+            "largest_module": max(module_numels), "model": model_numel}
 
 
 def test_prefetch_follows_the_trace_within_the_live_cap():
     # Step 1 records the order (one module at a time); later steps prefetch along it.
-    (peaks, prefetched, invalid), _ = run_distributed(coordinator_worker, 2, 2500, 0, 10 ** 6)
-    assert prefetched > 0 and invalid == 0
-    assert max(peaks[1:]) <= 2500, peaks          # stage3_max_live_parameters holds
-    assert peaks[1] > peaks[0], peaks             # prefetching keeps more gathered than on demand
+    r, _ = run_distributed(coordinator_worker, 2, 2500, 0, 10 ** 6)
+    assert r["prefetched"] > 0 and r["invalid"] == 0
+    assert max(r["peaks"][1:]) <= 2500, r      # stage3_max_live_parameters holds
+    assert r["peaks"][1] > r["peaks"][0], r    # prefetching gathers more than on demand
+
+
+def test_prefetch_stays_within_its_bucket_ahead():
+    # Without reuse, forward ends holding only the last module (its backward comes next) and at
+    # most one bucket prefetched for backward; parameters already in flight count against the
+    # bucket, or every fetch would start a bucket more and forward would end with all gathered.
+    bucket = 1200  # holds the largest parameter (1024 elements), so prefetch is not stopped by it
+    r, _ = run_distributed(coordinator_worker, 2, 10 ** 9, 0, bucket)
+    assert r["prefetched"] > 0 and r["invalid"] == 0
+    assert r["model"] > 2 * (bucket + r["largest_module"]), r  # the bound below means something
+    assert max(r["after_forward"][1:]) <= bucket + r["largest_module"], r
+    # The memory account shows prefetches in flight too (fp32: 4 bytes an element).
+    assert r["accounted_bytes"] == [4 * n for n in r["after_forward"]], r
 
 
 def test_no_prefetch_and_no_reuse_gather_on_demand_only():
-    (peaks, prefetched, _), _ = run_distributed(coordinator_worker, 2, 10 ** 9, 0, 0)
-    assert prefetched == 0 and peaks[0] == peaks[1] == peaks[2], peaks
+    r, _ = run_distributed(coordinator_worker, 2, 10 ** 9, 0, 0)
+    assert r["prefetched"] == 0 and r["peaks"][0] == r["peaks"][1] == r["peaks"][2], r
 
 
 class Switchable(nn.Module):
