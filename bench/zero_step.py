@@ -185,15 +185,6 @@ def worker(a):
                                                  config=_ds_config(a, stage, ZS_EXTRA.get(impl)))
         zs_engine = engine
         roots = [engine, opt]
-
-        def step_fn(batch, probe):
-            loss = engine(batch)
-            probe and probe()
-            engine.backward(loss)
-            probe and probe()
-            engine.step()
-            probe and probe()
-            return loss
     elif impl.startswith("ds"):
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo")
@@ -201,6 +192,8 @@ def worker(a):
                                                  config=_ds_config(a, stage))
         roots = [engine, opt]
 
+    if impl.startswith(("zs", "ds")):
+        # zeroshard and DeepSpeed share the engine API.
         def step_fn(batch, probe):
             loss = engine(batch)
             probe and probe()
