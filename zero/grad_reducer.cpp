@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace zeroshard {
@@ -22,31 +24,78 @@ GradReducer::GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<
                          const ReduceOptions& options)
     : comm_(std::move(comm)), opt_(options) {
   std::vector<const FlatLayout*> layouts;
-  for (FlatGroup* g : groups) layouts.push_back(&g->layout());
+  std::vector<int64_t> group_base;
+  for (FlatGroup* g : groups) {
+    layouts.push_back(&g->layout());
+    group_base.push_back(int64_t(views_.size()));
+    for (size_t i = 0; i < g->layout().numels.size(); ++i) {
+      views_.push_back(g->grads().narrow(0, g->layout().offsets[i], g->layout().numels[i]));
+    }
+  }
+  written_.assign(views_.size(), 0);
+  scaled_.assign(views_.size(), 0);
   plan_ = plan_buckets(layouts, opt_.bucket_numel);
+  const int64_t world = comm_->world_size();
   for (const BucketSpec& spec : plan_.buckets) {
     Bucket b;
     b.index = int64_t(buckets_.size());
     b.grads = groups[size_t(spec.group)]->grads().narrow(0, spec.offset, spec.numel);
+    b.first_param = group_base[size_t(spec.group)] + spec.first_param;
     b.num_params = spec.num_params();
     if (opt_.comm_dtype != at::ScalarType::Undefined && opt_.comm_dtype != b.grads.scalar_type()) {
       b.comm_buffer = at::empty_like(b.grads, b.grads.options().dtype(opt_.comm_dtype));
     }
+    // Only DeepSpeed's default arithmetic (nothing before the sum, 1/world after it) moves the
+    // factor before the sum, where it is exact for power-of-two worlds and costs nothing in a copy
+    // that happens anyway; a comm-dtype copy keeps its own scaling after the sum.
+    b.folds_mean = !b.comm_buffer.defined() && opt_.pre_factor(world) == 1.0 &&
+                   opt_.post_factor(world) != 1.0;
     buckets_.push_back(std::move(b));
   }
 }
 
-void GradReducer::grad_ready(int64_t index, const at::Tensor&) {
+void GradReducer::adopt(int64_t index, const at::Tensor& grad) {
+  at::Tensor& view = views_[size_t(index)];
+  ZS_CHECK(grad.numel() == view.numel(), "gradient of parameter ", index, " has ", grad.numel(),
+           " elements, expected ", view.numel());
+  if (grad.data_ptr() == view.data_ptr()) {  // already in place (a script re-set param.grad)
+    written_[size_t(index)] = 1;
+    return;
+  }
+  const Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
+  const at::Tensor flat = grad.reshape(-1);
+  // The first gradient in the boundary backward is the whole window's gradient.
+  if (boundary_ && !written_[size_t(index)] && b.folds_mean) {
+    at::mul_out(view, flat, opt_.post_factor(comm_->world_size()));
+    scaled_[size_t(index)] = 1;
+  } else {
+    view.copy_(flat);
+    scaled_[size_t(index)] = 0;
+  }
+  written_[size_t(index)] = 1;
+}
+
+void GradReducer::grad_ready(int64_t index, const at::Tensor& grad) {
   ZS_CHECK(index >= 0 && index < num_params(), "GradReducer::grad_ready: parameter index ", index,
            " is outside 0..", num_params() - 1);
   Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
   // A parameter reported again after its bucket started (re-entrant backward) changes nothing.
   if (b.state != Bucket::State::idle) return;
+  if (grad.defined()) adopt(index, grad);
+  if (!boundary_) return;
   if (++b.ready == b.num_params) start(b);
 }
 
 void GradReducer::start(Bucket& b) {
   b.state = Bucket::State::in_flight;
+  // Parameters that got no gradient in this window: their views still hold an old window's values.
+  for (int64_t i = b.first_param; i < b.first_param + b.num_params; ++i) {
+    if (!written_[size_t(i)]) {
+      views_[size_t(i)].zero_();
+      written_[size_t(i)] = 1;
+      scaled_[size_t(i)] = 1;
+    }
+  }
   at::Tensor buf = b.grads;
   if (b.comm_buffer.defined()) {
     b.comm_buffer.copy_(b.grads);
@@ -62,10 +111,22 @@ void GradReducer::start(Bucket& b) {
 void GradReducer::complete(Bucket& b) {
   if (b.state != Bucket::State::in_flight) return;
   b.work.wait();
-  at::Tensor buf = b.comm_buffer.defined() ? b.comm_buffer : b.grads;
   const double post = opt_.post_factor(comm_->world_size());
-  if (post != 1.0) buf.mul_(post);
-  if (b.comm_buffer.defined()) b.grads.copy_(b.comm_buffer);
+  if (b.comm_buffer.defined()) {
+    if (post != 1.0) b.comm_buffer.mul_(post);
+    b.grads.copy_(b.comm_buffer);
+  } else if (post != 1.0) {
+    // Only the gradients that did not get the factor in their copy (accumulated windows).
+    const auto first = scaled_.begin() + b.first_param, last = first + b.num_params;
+    const auto num_scaled = std::count(first, last, uint8_t(1));
+    if (num_scaled == 0) {
+      b.grads.mul_(post);
+    } else if (num_scaled < b.num_params) {
+      for (int64_t i = b.first_param; i < b.first_param + b.num_params; ++i) {
+        if (!scaled_[size_t(i)]) views_[size_t(i)].mul_(post);
+      }
+    }
+  }
   b.state = Bucket::State::done;
 }
 
@@ -78,6 +139,11 @@ void GradReducer::finish() {
     b.ready = 0;
     b.state = Bucket::State::idle;
   }
+}
+
+void GradReducer::zero_grad() {
+  std::fill(written_.begin(), written_.end(), 0);
+  std::fill(scaled_.begin(), scaled_.end(), 0);
 }
 
 }  // namespace zeroshard

@@ -255,8 +255,6 @@ ParamCoordinator& ZeroOptimizer::coordinator() {
   return *coordinator_;
 }
 
-void ZeroOptimizer::zero_grad() {
-  for (auto& g : groups_) g->grads().zero_();
-}
+void ZeroOptimizer::zero_grad() { reducer_->zero_grad(); }
 
 }  // namespace zeroshard

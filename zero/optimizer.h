@@ -53,6 +53,8 @@ class ZeroOptimizer {
   std::vector<std::vector<at::Tensor>> grad_views() const;
   int64_t num_params() const { return reducer_->num_params(); }
 
+  // Before each backward: whether it ends the gradient accumulation window.
+  void before_backward(bool accumulation_boundary) { reducer_->begin_backward(accumulation_boundary); }
   // Parameter `param_index`'s gradient for this backward is final (hook on the autograd thread).
   void grad_ready(int64_t param_index, const at::Tensor& grad) {
     reducer_->grad_ready(param_index, grad);
@@ -68,6 +70,8 @@ class ZeroOptimizer {
   // The factor backward multiplies the loss by (loss scale; 1 without fp16).
   double loss_scale() const { return scaler_.scale(); }
   StepResult step(const std::vector<GroupHyper>& hypers);
+  // Stages 0/1 forget the full gradients (the engine sets param.grad to None, and the next
+  // backward writes them again); stages 2/3 zero the owned gradient shards.
   void zero_grad();
 
   const MemoryAccount& memory() const { return memory_; }

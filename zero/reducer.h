@@ -1,5 +1,5 @@
-// How gradients reach the optimizer: the interface both gradient reducers implement. The stage
-// strategy picks one (stages 0/1: in-place all-reduce of full flat gradients; stage 2: staged
+// How gradients reach the optimizer: the interface the gradient reducers implement. The stage
+// strategy picks one (stages 0/1: in-place all-reduce of full flat gradients; stages 2/3: staged
 // buckets reduced into each rank's owned shard).
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -11,10 +11,14 @@ namespace zeroshard {
 class Reducer {
  public:
   virtual ~Reducer() = default;
+  // Before each backward: whether it ends a gradient accumulation window.
+  virtual void begin_backward(bool accumulation_boundary) { (void)accumulation_boundary; }
   // Parameter `index` (global, groups in order) has its gradient for this backward in `grad`.
   virtual void grad_ready(int64_t index, const at::Tensor& grad) = 0;
   // After backward: starts every bucket not started (parameters with no gradient), waits for all.
   virtual void finish() = 0;
+  // The gradients this reducer keeps start again from zero (at the step, or the script's zero_grad).
+  virtual void zero_grad() = 0;
   virtual int64_t num_buckets() const = 0;
   virtual int64_t num_params() const = 0;
 };

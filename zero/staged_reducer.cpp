@@ -118,4 +118,8 @@ void StagedReducer::finish() {
   while (!in_flight_.empty()) complete(buckets_[size_t(in_flight_.front())]);
 }
 
+void StagedReducer::zero_grad() {
+  for (FlatGroup* g : groups_) g->grads().zero_();  // the owned shards, where gradients accumulate
+}
+
 }  // namespace zeroshard

@@ -113,6 +113,7 @@ void bind_zero(py::module_& m) {
              o.grad_ready(index, grad.value_or(at::Tensor()));
            },
            py::arg("param_index"), py::arg("grad"))
+      .def("before_backward", &ZeroOptimizer::before_backward, py::arg("accumulation_boundary"))
       .def("after_backward", &ZeroOptimizer::after_backward, py::arg("accumulation_boundary"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)

@@ -94,7 +94,6 @@ class ZeroShardEngine(torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self._boundary_override = None
-        self._in_boundary_backward = False
         self._last = None  # the last StepResult
         self._loss_sum = 0.0
         self._loss_count = 0
@@ -180,11 +179,11 @@ class ZeroShardEngine(torch.nn.Module):
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
                 p.data = view
         if self._core.keeps_full_grads:
-            grad_views = [v for vs in self._core.grad_views() for v in vs]
+            self._grad_views = [v for vs in self._core.grad_views() for v in vs]
         else:
-            grad_views = [None] * len(self._params)
-        for i, (p, g) in enumerate(zip(self._params, grad_views)):
-            p.grad = g
+            self._grad_views = [None] * len(self._params)
+        for i, (p, g) in enumerate(zip(self._params, self._grad_views)):
+            p.grad = None  # stages 0/1: the first backward moves it into its flat-buffer view
             p.register_post_accumulate_grad_hook(self._make_hook(i, g))
 
     def _make_hook(self, index, view):
@@ -198,16 +197,22 @@ class ZeroShardEngine(torch.nn.Module):
             return hand_over
 
         def hook(param):
-            if not self._in_boundary_backward:
-                return
-            # The gradient must sit in its flat-buffer view; a script that set param.grad to None
-            # or replaced it gets its values moved back in.
-            if param.grad is not view:
-                if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
-                    view.copy_(param.grad)
+            # Full gradients accumulate in their flat-buffer view. After zero_grad param.grad is
+            # None, so autograd makes a fresh tensor, which C++ copies into the view (as does a
+            # script's replacement of param.grad); later backwards accumulate in the view itself.
+            if param.grad is view:
+                core.grad_ready(index, None)
+            else:
+                core.grad_ready(index, param.grad)
                 param.grad = view
-            core.grad_ready(index, None)
         return hook
+
+    def _drop_full_grads(self):
+        """Stages 0/1 after the step or zero_grad: param.grad becomes None, as torch's
+        zero_grad(set_to_none=True) and DeepSpeed leave it; the flat buffer is not cleared."""
+        if self._core.keeps_full_grads:
+            for p in self._params:
+                p.grad = None
 
     def _make_scheduler(self, client_scheduler):
         if self._settings["scheduler"] is not None:
@@ -242,18 +247,21 @@ class ZeroShardEngine(torch.nn.Module):
         self._loss_count += 1
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary()
-        self._in_boundary_backward = boundary
-        try:
-            (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
-        finally:
-            self._in_boundary_backward = False
+        self._core.before_backward(boundary)
+        (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
         self._core.after_backward(boundary)
+        if boundary and self._core.keeps_full_grads:
+            # Parameters that got no gradient in the window: their views were zeroed by the reduction.
+            for p, view in zip(self._params, self._grad_views):
+                if p.grad is None:
+                    p.grad = view
         return scaled
 
     def step(self, lr_kwargs=None):
         if self.is_gradient_accumulation_boundary():
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             self._last = self._core.step(groups)
+            self._drop_full_grads()
             if self._last.applied:
                 # torch schedulers warn unless they see the optimizer was stepped first.
                 self.optimizer._opt_called = True
@@ -292,6 +300,7 @@ class ZeroShardEngine(torch.nn.Module):
 
     def zero_grad(self):
         self._core.zero_grad()
+        self._drop_full_grads()
 
     # ----- queries -----
     def get_lr(self):

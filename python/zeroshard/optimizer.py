@@ -66,9 +66,15 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
 
     cur_scale = loss_scale
 
-    def zero_grad(self, set_to_none: bool = False):
-        # Gradients live in flat buffers that param.grad views; they are zeroed, never dropped.
+    def zero_grad(self, set_to_none: bool = True):
+        # The engine's zero_grad: stages 0/1 set param.grad to None whatever set_to_none says (the
+        # flat buffer behind it is rewritten by the next backward, not cleared); stages 2/3 zero
+        # the owned gradient shards.
         self.core.zero_grad()
+        if self.core.keeps_full_grads:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = None
 
     def step(self, closure=None):
         raise RuntimeError("call engine.step(), not optimizer.step(): the engine runs the "
