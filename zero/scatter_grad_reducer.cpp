@@ -41,9 +41,16 @@ CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, at::Tenso
   return comm_->reduce_scatter(result, staging, what);
 }
 
+at::Tensor ScatterGradReducer::shard_result(const Bucket& b) {
+  return groups_[size_t(b.spec.group)]->owned_grads().narrow(0, b.local_begin, b.result_numel);
+}
+
 void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, double scale) {
-  FlatGroup& g = *groups_[size_t(b.spec.group)];
-  at::Tensor shard = g.owned_grads().narrow(0, b.local_begin, b.result_numel);
+  at::Tensor shard = shard_result(b);
+  if (reduced.data_ptr() == shard.data_ptr()) {  // reduce-scattered straight into the shard
+    if (scale != 1.0) shard.mul_(scale);
+    return;
+  }
   shard.add_(reduced.to(shard.scalar_type()), scale);
 }
 

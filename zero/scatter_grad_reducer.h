@@ -17,6 +17,7 @@ class ScatterGradReducer final : public StagedReducer {
   CommWork reduce(const Bucket& b, at::Tensor staging, at::Tensor result,
                   const std::string& what) override;
   void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) override;
+  at::Tensor shard_result(const Bucket& b) override;
 };
 
 }  // namespace zeroshard

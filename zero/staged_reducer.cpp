@@ -40,27 +40,40 @@ int StagedReducer::acquire_buffer(const Bucket& b) {
     return acquire_buffer(b);
   }
   // Every buffer holds a bucket still filling (gradients arrived out of bucket order): grow.
-  int64_t staged = 0, result = 0;
-  for (const auto& x : buckets_) {
-    staged = std::max(staged, x.staged_numel);
-    result = std::max(result, x.result_numel);
-  }
-  const auto& grads = groups_[0]->grads();
-  const auto dtype = opt_.comm_dtype != at::ScalarType::Undefined ? opt_.comm_dtype : grads.scalar_type();
-  staging_.push_back(at::empty({staged}, grads.options().dtype(dtype)));
-  results_.push_back(result > 0 ? at::empty({result}, grads.options().dtype(dtype)) : at::Tensor());
+  int64_t staged = 0;
+  for (const auto& x : buckets_) staged = std::max(staged, x.staged_numel);
+  staging_.push_back(at::empty({staged}, comm_options()));
+  results_.emplace_back();
   busy_.push_back(true);
-  const int64_t bytes = staging_.back().nbytes() + (result > 0 ? results_.back().nbytes() : 0);
-  memory_.add(MemoryCategory::comm_buffers, bytes);
-  accounted_bytes_ += bytes;
+  memory_.add(MemoryCategory::comm_buffers, staging_.back().nbytes());
+  accounted_bytes_ += staging_.back().nbytes();
   return int(staging_.size() - 1);
+}
+
+at::TensorOptions StagedReducer::comm_options() const {
+  const auto& grads = groups_[0]->grads();
+  return grads.options().dtype(opt_.comm_dtype != at::ScalarType::Undefined ? opt_.comm_dtype
+                                                                            : grads.scalar_type());
+}
+
+at::Tensor StagedReducer::result_buffer(int buffer, int64_t numel) {
+  at::Tensor& r = results_[size_t(buffer)];
+  if (!r.defined()) {
+    int64_t largest = 0;
+    for (const auto& x : buckets_) largest = std::max(largest, x.result_numel);
+    r = at::empty({largest}, comm_options());
+    memory_.add(MemoryCategory::comm_buffers, r.nbytes());
+    accounted_bytes_ += r.nbytes();
+  }
+  return r.narrow(0, 0, numel);
 }
 
 void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
   ZS_CHECK(index >= 0 && index < num_params(), "gradient reducer: parameter index ", index,
            " is outside 0..", num_params() - 1);
   Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
-  ZS_CHECK(b.state != Bucket::State::in_flight, "gradient of parameter ", index,
+  ZS_CHECK(b.state == Bucket::State::idle || b.state == Bucket::State::filling,
+           "gradient of parameter ", index,
            " arrived twice in one backward (its bucket is already being reduced)");
   if (b.state == Bucket::State::idle) {
     b.buffer = acquire_buffer(b);
@@ -80,8 +93,15 @@ void StagedReducer::start(Bucket& b) {
   }
   b.state = Bucket::State::in_flight;
   at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
-  at::Tensor result = b.result_numel > 0
-                          ? results_[size_t(b.buffer)].narrow(0, 0, b.result_numel) : at::Tensor();
+  at::Tensor result;
+  if (b.result_numel > 0) {
+    if (b.shard_is_empty) result = shard_result(b);
+    // Into the shard only when it holds nothing to keep and the dtypes agree.
+    if (!result.defined() || result.scalar_type() != staging.scalar_type()) {
+      result = result_buffer(b.buffer, b.result_numel);
+    }
+  }
+  b.result = result;
   const int64_t world = comm_->world_size();
   const double pre = opt_.pre_factor(world);
   if (pre != 1.0) staging.mul_(pre);
@@ -101,25 +121,30 @@ void StagedReducer::complete(Bucket& b) {
   b.work.wait();
   const int64_t id = int64_t(&b - buckets_.data());
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), id));
-  at::Tensor reduced = b.result_numel > 0
-                           ? results_[size_t(b.buffer)].narrow(0, 0, b.result_numel)
-                           : staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
+  at::Tensor reduced = b.result_numel > 0 ? b.result
+                                          : staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
   accumulate(b, reduced, opt_.post_factor(comm_->world_size()));
+  b.result = at::Tensor();
+  b.shard_is_empty = false;
   busy_[size_t(b.buffer)] = false;
   b.buffer = -1;
   b.ready = 0;
-  b.state = Bucket::State::idle;
+  b.state = Bucket::State::done;
 }
 
 void StagedReducer::finish() {
+  // Buckets not reduced yet in this backward (some parameter got no gradient): every rank still
+  // takes part, with zeros where gradients are missing. Those already done are not reduced again.
   for (auto& b : buckets_) {
-    if (b.state != Bucket::State::in_flight) start(b);
+    if (b.state == Bucket::State::idle || b.state == Bucket::State::filling) start(b);
   }
   while (!in_flight_.empty()) complete(buckets_[size_t(in_flight_.front())]);
+  for (auto& b : buckets_) b.state = Bucket::State::idle;
 }
 
 void StagedReducer::zero_grad() {
   for (FlatGroup* g : groups_) g->grads().zero_();  // the owned shards, where gradients accumulate
+  for (auto& b : buckets_) b.shard_is_empty = true;
 }
 
 }  // namespace zeroshard

@@ -3,8 +3,11 @@
 // param.grad), every bucket is reduced on every micro-step, and each rank adds its result into its
 // gradient shard, where gradient accumulation happens. Staging buffers come from a small pool: two
 // with overlap_comm (one filling while one is reduced), one without; a pool that runs out first
-// finishes its oldest reduction. Subclasses say how a gradient is staged, which collective
-// reduces a bucket, and where this rank's part of the result goes.
+// finishes its oldest reduction. A reducer whose collective has a separate result (stage 3's
+// reduce-scatter) writes it straight into the owned gradient shard while that part of the shard
+// holds nothing yet in this window (always, without gradient accumulation); result buffers are
+// made only for the micro-steps that accumulate. Subclasses say how a gradient is staged, which
+// collective reduces a bucket, and where this rank's part of the result goes.
 #pragma once
 #include <memory>
 #include <string>
@@ -36,8 +39,11 @@ class StagedReducer : public Reducer {
     int64_t local_begin = 0;    // where this rank's result lands in its gradient shard
     int64_t ready = 0;
     int buffer = -1;
+    bool shard_is_empty = true;  // this rank's part of the gradient shard is zero (since zero_grad)
+    at::Tensor result;           // where the collective in flight writes this rank's part
     CommWork work;
-    enum class State { idle, filling, in_flight } state = State::idle;
+    // idle -> filling -> in_flight -> done (reduced in this backward) -> idle again at finish().
+    enum class State { idle, filling, in_flight, done } state = State::idle;
   };
 
   StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
@@ -50,8 +56,13 @@ class StagedReducer : public Reducer {
   virtual CommWork reduce(const Bucket& b, at::Tensor staging, at::Tensor result,
                           const std::string& what) = 0;
   // Adds `scale` times this rank's part of the reduced (summed) bucket into its gradient shard;
-  // the scale makes the sum a mean and is applied only to the part this rank keeps.
+  // the scale makes the sum a mean and is applied only to the part this rank keeps. `reduced` may
+  // be that part of the shard itself (see shard_result): then only the scale is left to apply.
   virtual void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
+  // For reducers with a separate result: this rank's part of the gradient shard, which the
+  // collective may write directly while it is empty; undefined when it cannot (in-place
+  // reductions, or a communication dtype other than the shard's).
+  virtual at::Tensor shard_result(const Bucket& b) { (void)b; return at::Tensor(); }
 
   std::vector<FlatGroup*> groups_;
   std::shared_ptr<Comm> comm_;
@@ -60,7 +71,10 @@ class StagedReducer : public Reducer {
   std::vector<int64_t> group_base_;  // global index of each group's first parameter
 
  private:
+  at::TensorOptions comm_options() const;
   int acquire_buffer(const Bucket& b);
+  // The buffer's result tensor, made (and accounted) on first use.
+  at::Tensor result_buffer(int buffer, int64_t numel);
   void start(Bucket& b);
   void complete(Bucket& b);
 

@@ -176,6 +176,60 @@ def test_zero3_model_state_bytes_and_gathered_peak(threshold, world):
     run_distributed(zero3_memory_worker, world, threshold)
 
 
+def collectives_per_backward_worker(stage, overlap_comm):
+    import zeroshard
+    # Stage 3 with DeepSpeed's default reuse distance keeps this small model gathered from its
+    # forward to its backward, so from the second step on backward issues no gathers at all.
+    cfg = _base_config(zero_optimization={"stage": stage, "reduce_bucket_size": 1000,
+                                          "overlap_comm": overlap_comm,
+                                          "stage3_param_persistence_threshold": 0})
+    engine, *_ = zeroshard.initialize(model=tiny_gpt(), config=cfg)
+    counts = []
+    for step in range(3):
+        loss = engine(global_batch("gpt", step, 2))
+        before = engine._comm.sequence
+        engine.backward(loss)
+        counts.append(engine._comm.sequence - before)
+        engine.step()
+    return counts, engine._core.num_buckets
+
+
+@pytest.mark.parametrize("stage,overlap_comm", [(2, False), (2, True), (3, True), (3, False)])
+def test_each_gradient_bucket_is_reduced_once_per_backward(stage, overlap_comm):
+    # A bucket finished during backward used to be reduced a second time (with zeros) by the
+    # end-of-backward sweep: right sums, twice the communication.
+    counts, buckets = run_distributed(collectives_per_backward_worker, 2, stage, overlap_comm)[0]
+    assert counts[1:] == [buckets] * 2, (counts, buckets)
+
+
+def zero3_comm_buffer_worker(gas):
+    import zeroshard
+    torch.manual_seed(0)
+    # A plain stack: gradients arrive in bucket order, so the staging pool stays at its two
+    # buffers (overlap_comm) and the accounting below is exact.
+    model = torch.nn.Sequential(*[torch.nn.Linear(24, 24) for _ in range(6)])
+    cfg = _base_config(bf16={"enabled": True}, gradient_accumulation_steps=gas,
+                       zero_optimization={"stage": 3, "reduce_bucket_size": 1200,
+                                          "stage3_param_persistence_threshold": 0})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    for step in range(2 * gas):
+        x = torch.randn(2, 24, generator=torch.Generator().manual_seed(step))
+        engine.backward((engine(x.to(torch.bfloat16)) ** 2).mean())
+        engine.step()
+    return engine._core.memory.peak_bytes()["comm_buffers"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero3_reduce_scatters_into_the_gradient_shard_unless_a_window_accumulates(world):
+    # Without accumulation every bucket's reduce-scatter writes straight into the owned gradient
+    # shard, so the gradient staging is the staging pool alone. With accumulation the second
+    # micro-step needs a result buffer beside each of the two staging buffers: 1/world of its size.
+    staging = run_distributed(zero3_comm_buffer_worker, world, 1)[0]
+    accumulating = run_distributed(zero3_comm_buffer_worker, world, 2)[0]
+    assert staging > 0
+    assert accumulating * world == staging * (world + 1), (staging, accumulating)
+
+
 # ----- fp16: dynamic loss scaling skips overflowing steps -----
 
 def fp16_worker():
