@@ -18,6 +18,11 @@ Memory, per rank (maximum over the two ranks):
   reachable    the same reachability walk run on every implementation, zeroshard included.
   peak RSS     resource.getrusage(RUSAGE_SELF).ru_maxrss of the rank process, and its rise over the
                RSS measured after the imports, before the model is built.
+  peak heap    the most bytes ever live in malloc'd blocks (bench/memtrack/memtrack.c, preloaded
+               into every rank of every implementation), and its rise over the live bytes after
+               the imports. Unlike RSS it counts every transient buffer and none of the memory
+               the allocator keeps after a free, so it is the like-for-like peak of what each
+               implementation holds. Split in the JSON into set-up and training steps.
 """
 import argparse
 import json
@@ -153,6 +158,26 @@ def _torch_adamw(params, a):
     return torch.optim.AdamW(params, **kw)
 
 
+def _memtrack():
+    """The preloaded allocation counter (see bench/memtrack/memtrack.c), or None."""
+    path = os.environ.get("ZERO_STEP_MEMTRACK")
+    if not path:
+        return None
+    import ctypes
+    lib = ctypes.CDLL(path)
+    for name in ("memtrack_current", "memtrack_peak"):
+        getattr(lib, name).restype = ctypes.c_long
+    return lib
+
+
+def build_memtrack(out_dir):
+    """Compiles the allocation counter into out_dir; returns its path."""
+    so = os.path.join(out_dir, "memtrack.so")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so,
+                    os.path.join(HERE, "memtrack", "memtrack.c")], check=True)
+    return so
+
+
 def worker(a):
     import resource
     import torch
@@ -169,6 +194,8 @@ def worker(a):
     elif impl.startswith("zs"):
         import zeroshard  # noqa: F401
     rss_start = _rss_now_bytes()
+    heap = _memtrack()
+    heap_start = heap.memtrack_current() if heap else 0
     result = {"impl": impl, "label": label, "stage": stage, "rank": rank}
 
     torch.manual_seed(1234)
@@ -245,6 +272,9 @@ def worker(a):
         rss_trace.append((phase, _rss_now_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
     rss_trace = []
     rss_mark("set-up")
+    if heap:
+        heap_setup_peak = heap.memtrack_peak()
+        heap.memtrack_reset_peak()
 
     # Warm-up; the last warm-up step samples the reachable model state after forward, after
     # backward and after the optimizer step, and keeps the largest.
@@ -294,6 +324,10 @@ def worker(a):
     result["rss_start"] = rss_start
     result["rss_trace"] = rss_trace
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if heap:
+        result["heap_start"] = heap_start
+        result["heap_setup_peak"] = heap_setup_peak
+        result["heap_train_peak"] = heap.memtrack_peak()
     with open(os.path.join(a.result_dir, f"{impl}.{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
@@ -310,7 +344,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_impl(impl, a, result_dir):
+def run_impl(impl, a, result_dir, memtrack=None):
     python = a.ds_python if impl.startswith("ds") else sys.executable
     port = _free_port()
     worker_args = [python, os.path.abspath(__file__), "--worker", impl, "--result-dir", result_dir]
@@ -322,6 +356,8 @@ def run_impl(impl, a, result_dir):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.world),
                    LOCAL_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        if memtrack:
+            env.update(LD_PRELOAD=memtrack, ZERO_STEP_MEMTRACK=memtrack)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "examples"),
                                                         env.get("PYTHONPATH")) if p)
         log = open(os.path.join(result_dir, f"{impl}.{rank}.log"), "w+")
@@ -376,6 +412,12 @@ def summarize(res, a):
         peak_rss_mb=max(r["peak_rss"] for r in res["ranks"]) / 1e6,
         rss_rise_mb=max(r["peak_rss"] - r["rss_start"] for r in res["ranks"]) / 1e6,
         comm_buffers_mb=max(r.get("comm_buffers", 0) for r in res["ranks"]) / 1e6,
+        heap_peak_mb=max(max(r.get("heap_setup_peak", 0), r.get("heap_train_peak", 0))
+                         for r in res["ranks"]) / 1e6,
+        heap_rise_mb=max(max(r.get("heap_setup_peak", 0), r.get("heap_train_peak", 0))
+                         - r.get("heap_start", 0) for r in res["ranks"]) / 1e6,
+        heap_train_peak_mb=max(r.get("heap_train_peak", 0) for r in res["ranks"]) / 1e6,
+        heap_setup_peak_mb=max(r.get("heap_setup_peak", 0) for r in res["ranks"]) / 1e6,
         loss_first=r0["losses"][0], loss_last=r0["losses"][-1], wall_s=res["wall_s"])
     row["reachable_top_mb"] = [(round(n / 1e6, 1), where) for n, where in r0["reachable_top"]]
     if "zs_peak" in r0:
@@ -388,17 +430,18 @@ def summarize(res, a):
 
 def print_table(rows):
     hdr = ("| implementation | stage | ms/step median (min-max) | tokens/s | model state MB/rank "
-           "(+comm buffers) | reachable MB | peak RSS MB (rise) | loss first->last |")
+           "(+comm buffers) | reachable MB | peak RSS MB (rise) | peak heap MB (rise) | loss first->last |")
     print(hdr)
-    print("|" + "---|" * 8)
+    print("|" + "---|" * 9)
     for r in rows:
         if not r["ok"]:
-            print(f"| {r['label']} | {r['stage']} | not run: {r['error']} | | | | | |")
+            print(f"| {r['label']} | {r['stage']} | not run: {r['error']} | | | | | | |")
             continue
+        heap = f"{r['heap_peak_mb']:.0f} ({r['heap_rise_mb']:.0f})" if r["heap_peak_mb"] else "not measured"
         print(f"| {r['label']} | {r['stage']} | {r['ms_median']:.0f} ({r['ms_min']:.0f}-{r['ms_max']:.0f}) "
               f"| {r['tokens_per_s']:.0f} | {r['model_state_mb']:.0f} (+{r['comm_buffers_mb']:.0f}) "
               f"| {r['reachable_mb']:.0f} "
-              f"| {r['peak_rss_mb']:.0f} ({r['rss_rise_mb']:.0f}) "
+              f"| {r['peak_rss_mb']:.0f} ({r['rss_rise_mb']:.0f}) | {heap} "
               f"| {r['loss_first']:.4f}->{r['loss_last']:.4f} |")
     print()
     by = {r["impl"]: r for r in rows if r["ok"]}
@@ -407,7 +450,9 @@ def print_table(rows):
         if zs and p:
             print(f"stage {zs['stage']}: {zs['label']} / {p['label']}: time ratio {zs['ms_median'] / p['ms_median']:.2f}, "
                   f"model-state ratio {zs['model_state_mb'] / p['model_state_mb']:.2f}, "
-                  f"peak RSS ratio {zs['peak_rss_mb'] / p['peak_rss_mb']:.2f}")
+                  f"peak RSS ratio {zs['peak_rss_mb'] / p['peak_rss_mb']:.2f}"
+                  + (f", peak heap rise ratio {zs['heap_rise_mb'] / p['heap_rise_mb']:.2f}"
+                     if p["heap_rise_mb"] else ""))
         ds = by.get(f"ds{zs_impl[2]}")
         if zs and ds:
             print(f"stage {zs['stage']}: {zs['label']} / DeepSpeed: time ratio {zs['ms_median'] / ds['ms_median']:.2f}, "
@@ -436,6 +481,8 @@ def main():
     p.add_argument("--ds-python", dest="ds_python", default=DS_PYTHON_DEFAULT)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per implementation")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--no-heap", dest="heap", action="store_false",
+                   help="do not preload the allocation counter (bench/memtrack)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-dir", dest="result_dir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -444,9 +491,10 @@ def main():
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="zero_step.") as d:
+        memtrack = build_memtrack(d) if a.heap else None
         for impl in a.impls:
             t0 = time.time()
-            res = run_impl(impl, a, d)
+            res = run_impl(impl, a, d, memtrack)
             row = summarize(res, a)
             rows.append(row)
             status = (f"{row['ms_median']:.0f} ms/step" if row["ok"] else f"FAILED: {row['error']}")
