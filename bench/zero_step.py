@@ -58,13 +58,18 @@ IMPLS = {
     # backward and prefetches one block: reuse distance 0 and a 1e7-element (about one block)
     # prefetch do the same.
     "zs3-r0": ("zeroshard reuse distance 0, prefetch 1e7", 3),
+    # The same without overlap_comm: one gradient bucket in flight instead of two.
+    "zs3-r0-seq": ("zeroshard reuse distance 0, prefetch 1e7, overlap_comm false", 3),
     "fsdp2-ra1": ("torch FSDP2 reshard_after_forward=True", 3),
     "ds3": ("DeepSpeed", 3),
 }
 # zeroshard implementation -> the torch peer it is held against
-PEER = {"zs0": "ddp", "zs1": "zero-r", "zs2": "fsdp2-ra0", "zs3": "fsdp2-ra1", "zs3-r0": "fsdp2-ra1"}
+PEER = {"zs0": "ddp", "zs1": "zero-r", "zs2": "fsdp2-ra0", "zs3": "fsdp2-ra1", "zs3-r0": "fsdp2-ra1",
+        "zs3-r0-seq": "fsdp2-ra1"}
 # zeroshard config keys each variant sets on top of the shared config
-ZS_EXTRA = {"zs3-r0": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000}}
+ZS_EXTRA = {"zs3-r0": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000},
+            "zs3-r0-seq": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000,
+                           "overlap_comm": False}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,13 +273,16 @@ def worker(a):
 
     # Where the peak RSS is reached: (phase, current RSS, peak RSS so far) after set-up and after
     # each phase of the warm-up steps.
+    # With the heap counter: (phase, live bytes at its end, peak live bytes within it).
     def rss_mark(phase):
         rss_trace.append((phase, _rss_now_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
-    rss_trace = []
+        if heap:
+            heap_trace.append((phase, heap.memtrack_current(), heap.memtrack_peak()))
+            heap.memtrack_reset_peak()
+    rss_trace, heap_trace = [], []
     rss_mark("set-up")
     if heap:
-        heap_setup_peak = heap.memtrack_peak()
-        heap.memtrack_reset_peak()
+        heap_setup_peak = heap_trace[-1][2]
 
     # Warm-up; the last warm-up step samples the reachable model state after forward, after
     # backward and after the optimizer step, and keeps the largest.
@@ -327,7 +335,8 @@ def worker(a):
     if heap:
         result["heap_start"] = heap_start
         result["heap_setup_peak"] = heap_setup_peak
-        result["heap_train_peak"] = heap.memtrack_peak()
+        result["heap_train_peak"] = max([heap.memtrack_peak()] + [p for _, _, p in heap_trace[1:]])
+        result["heap_trace"] = heap_trace
     with open(os.path.join(a.result_dir, f"{impl}.{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
@@ -425,6 +434,9 @@ def summarize(res, a):
     worst = max(res["ranks"], key=lambda r: r["peak_rss"])
     row["rss_trace_mb"] = [(phase, round(cur / 1e6), round(peak / 1e6))
                            for phase, cur, peak in worst.get("rss_trace", [])]
+    worst = max(res["ranks"], key=lambda r: r.get("heap_train_peak", 0))
+    row["heap_trace_mb"] = [(phase, round(cur / 1e6), round(peak / 1e6))
+                            for phase, cur, peak in worst.get("heap_trace", [])]
     return row
 
 
