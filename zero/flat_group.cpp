@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace zeroshard {
@@ -82,12 +84,17 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       }
     }
   }
-  grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
+  grad_options_ = opts;
+  if (partitioned_) {
+    segment_grads({0});  // allocated by backward
+  } else {
+    grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
+  }
   state_count_ = state_tensors(spec.kind);
   state_fill_ = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
 
   accounted_[0] = params_.nbytes();
-  accounted_[1] = grads_.nbytes();
+  accounted_[1] = grads_.defined() ? grads_.nbytes() : 0;
   accounted_[2] = master_.defined() ? master_.nbytes() : 0;
   memory_.add(MemoryCategory::parameters, accounted_[0]);
   memory_.add(MemoryCategory::gradients, accounted_[1]);
@@ -133,7 +140,58 @@ std::vector<at::Tensor> FlatGroup::grad_views() const {
 }
 
 at::Tensor FlatGroup::owned_grads() const {
+  ZS_CHECK(!partitioned_, "FlatGroup::owned_grads: stage 3 keeps its gradients in segments; "
+                          "use grad_pieces()");
   return full_grads_ ? grads_.narrow(0, owned_.begin, owned_.numel()) : grads_;
+}
+
+void FlatGroup::segment_grads(std::vector<int64_t> begins) {
+  ZS_CHECK(partitioned_, "FlatGroup::segment_grads: only stage 3 keeps gradients in segments");
+  std::sort(begins.begin(), begins.end());
+  begins.erase(std::unique(begins.begin(), begins.end()), begins.end());
+  ZS_CHECK(!begins.empty() && begins.front() == 0 && begins.back() < std::max<int64_t>(owned_.numel(), 1),
+           "FlatGroup::segment_grads: segments must start at 0 and lie inside the ",
+           owned_.numel(), "-element shard");
+  zero_grads();
+  segment_begins_ = std::move(begins);
+  segments_.assign(segment_begins_.size(), at::Tensor());
+}
+
+at::Tensor FlatGroup::grad_segment(int64_t begin, int64_t numel, bool zeroed) {
+  const auto it = std::lower_bound(segment_begins_.begin(), segment_begins_.end(), begin);
+  const size_t i = size_t(it - segment_begins_.begin());
+  const int64_t end = i + 1 < segment_begins_.size() ? segment_begins_[i + 1] : owned_.numel();
+  ZS_CHECK(it != segment_begins_.end() && *it == begin && end - begin == numel,
+           "FlatGroup::grad_segment: [", begin, ", ", begin + numel,
+           ") is not one of the gradient segments");
+  at::Tensor& t = segments_[i];
+  if (!t.defined()) {
+    t = zeroed ? at::zeros({numel}, grad_options_) : at::empty({numel}, grad_options_);
+    accounted_[1] += t.nbytes();
+    memory_.add(MemoryCategory::gradients, t.nbytes());
+  }
+  return t;
+}
+
+std::vector<std::pair<int64_t, at::Tensor>> FlatGroup::grad_pieces() {
+  if (!partitioned_) return {{0, owned_grads()}};
+  std::vector<std::pair<int64_t, at::Tensor>> pieces;
+  for (size_t i = 0; i < segment_begins_.size(); ++i) {
+    const int64_t begin = segment_begins_[i];
+    const int64_t end = i + 1 < segment_begins_.size() ? segment_begins_[i + 1] : owned_.numel();
+    pieces.emplace_back(begin, grad_segment(begin, end - begin, true));
+  }
+  return pieces;
+}
+
+void FlatGroup::zero_grads() {
+  if (!partitioned_) {
+    grads_.zero_();
+    return;
+  }
+  for (auto& t : segments_) t = at::Tensor();
+  memory_.release(MemoryCategory::gradients, accounted_[1]);
+  accounted_[1] = 0;
 }
 
 void FlatGroup::write_chunk(int64_t i, const at::Tensor& full, int64_t rank) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <utility>
 #include <vector>
 
 #include "runtime/config/config.h"
@@ -49,11 +50,27 @@ class FlatGroup {
   const std::vector<int64_t>& shape(int64_t i) const { return shapes_[size_t(i)]; }
   ShardRange owned() const { return owned_; }
   at::Tensor params() const { return params_; }
-  // The full flat gradient buffer (full_grads), or the owned shard's gradients.
+  // The full flat gradient buffer (full_grads), or the owned shard's gradients (stage 2).
   at::Tensor grads() const { return grads_; }
   bool full_grads() const { return full_grads_; }
-  // Gradients of the owned range, whichever way they are kept.
+  // Gradients of the owned range as one tensor (stages 0-2).
   at::Tensor owned_grads() const;
+  at::TensorOptions grad_options() const { return grad_options_; }
+
+  // Stage 3 keeps the owned gradients in segments that tile the shard (the gradient buckets'
+  // ranges), each allocated when backward first writes it and freed by zero_grads(): the shard
+  // grows during backward and is gone between steps, as FSDP2's gradients are after
+  // zero_grad(set_to_none=True), instead of being held from set-up. Until a reducer sets the
+  // segments (offsets into the owned range, the first 0), the whole shard is one segment.
+  void segment_grads(std::vector<int64_t> segment_begins);
+  // The segment that starts at `begin` and has `numel` elements, allocated on first use:
+  // zero-filled when `zeroed`, else left for the caller to overwrite entirely.
+  at::Tensor grad_segment(int64_t begin, int64_t numel, bool zeroed);
+  // The owned gradients as (offset in the owned range, tensor) pieces that tile it: one piece
+  // for stages 0-2, every segment for stage 3 (zero-filled where backward wrote none).
+  std::vector<std::pair<int64_t, at::Tensor>> grad_pieces();
+  // Gradients start again from zero: stage 3 frees its segments, the others zero their buffer.
+  void zero_grads();
   // Views of the flat buffers shaped like the original tensors, for param.data / param.grad
   // (grad views only with full_grads).
   std::vector<at::Tensor> param_views() const;
@@ -80,7 +97,10 @@ class FlatGroup {
   bool full_grads_;
   bool partitioned_;
   at::Tensor params_;
-  at::Tensor grads_;
+  at::Tensor grads_;                      // stages 0-2
+  at::TensorOptions grad_options_;
+  std::vector<int64_t> segment_begins_;   // stage 3
+  std::vector<at::Tensor> segments_;
   at::Tensor master_;
   std::vector<at::Tensor> state_;
   int64_t state_count_;

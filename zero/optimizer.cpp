@@ -150,15 +150,17 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
   double sum_sq = 0.0;
   bool finite = true;
   for (const auto& g : groups_) {
-    const auto stats = ops::grad_stats(g->owned_grads());
-    sum_sq += stats.sum_sq;
-    finite = finite && stats.finite;
+    for (const auto& piece : g->grad_pieces()) {
+      const auto stats = ops::grad_stats(piece.second);
+      sum_sq += stats.sum_sq;
+      finite = finite && stats.finite;
+    }
   }
   if (!finite) sum_sq = INFINITY;
   if (strategy_->shards_optimizer_state() && comm_->world_size() > 1) {
     // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
     // On the gradients' device: an NCCL group carries CUDA tensors only.
-    at::Tensor t = at::full({1}, sum_sq, groups_[0]->grads().options().dtype(at::kDouble));
+    at::Tensor t = at::full({1}, sum_sq, groups_[0]->params().options().dtype(at::kDouble));
     comm_->all_reduce(t, "gradient norm").wait();
     sum_sq = t.item<double>();
   }
@@ -170,42 +172,48 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
 void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale) {
   const int64_t step = ++group_steps_[gi];
   const ShardRange own = g.owned();
-  at::Tensor grad = g.owned_grads();
-  at::Tensor p = g.master();
   // Mixed precision: the kernels write the updated 16-bit parameters in the same pass.
-  at::Tensor p16 = g.mixed_precision() ? g.params().narrow(0, own.begin, own.numel()) : at::Tensor();
+  const at::Tensor p16_all =
+      g.mixed_precision() ? g.params().narrow(0, own.begin, own.numel()) : at::Tensor();
+  const at::Tensor master = g.master();
   auto& st = g.state();
   const auto& oc = optimizer_;
-  if (kind_ == OptimizerKind::adam) {
-    // The fused step: reads 16-bit (or fp32) gradients, unscales and clips through grad_scale.
-    kernels::AdamParams ap{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
-                           float(h.weight_decay),
-                           // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
-                           oc.type == "AdamW" || oc.adam_w_mode, oc.bias_correction, step};
-    ap.grad_scale = float(grad_scale);
-    ops::adam_step(p, grad, st[0], st[1], ap, p16);
-    return;
-  }
-  at::Tensor g32 = grad.scalar_type() == at::kFloat && grad_scale == 1.0
-                       ? grad
-                       : grad.to(at::kFloat).mul_(grad_scale);
-  switch (kind_) {
-    case OptimizerKind::sgd:
-      ops::sgd_step(p, g32, st[0],
-                    {float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
-                     h.nesterov, step == 1}, p16);
-      break;
-    case OptimizerKind::adagrad:
-      ops::adagrad_step(p, g32, st[0],
-                        {float(h.lr), float(h.lr_decay), float(h.eps), float(h.weight_decay), step},
-                        p16);
-      break;
-    case OptimizerKind::lion:
-      ops::lion_step(p, g32, st[0],
-                     {float(h.lr), float(h.beta1), float(h.beta2), float(h.weight_decay)}, p16);
-      break;
-    case OptimizerKind::adam:
-      break;
+  // Piece by piece over the owned range: one piece, or stage 3's gradient segments.
+  for (const auto& [offset, grad] : g.grad_pieces()) {
+    const int64_t n = grad.numel();
+    const auto part = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, offset, n) : t; };
+    const at::Tensor p = part(master), p16 = part(p16_all);
+    if (kind_ == OptimizerKind::adam) {
+      // The fused step: reads 16-bit (or fp32) gradients, unscales and clips through grad_scale.
+      kernels::AdamParams ap{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
+                             float(h.weight_decay),
+                             // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+                             oc.type == "AdamW" || oc.adam_w_mode, oc.bias_correction, step};
+      ap.grad_scale = float(grad_scale);
+      ops::adam_step(p, grad, part(st[0]), part(st[1]), ap, p16);
+      continue;
+    }
+    const at::Tensor g32 = grad.scalar_type() == at::kFloat && grad_scale == 1.0
+                               ? grad
+                               : grad.to(at::kFloat).mul_(grad_scale);
+    switch (kind_) {
+      case OptimizerKind::sgd:
+        ops::sgd_step(p, g32, part(st[0]),
+                      {float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
+                       h.nesterov, step == 1}, p16);
+        break;
+      case OptimizerKind::adagrad:
+        ops::adagrad_step(p, g32, part(st[0]),
+                          {float(h.lr), float(h.lr_decay), float(h.eps), float(h.weight_decay), step},
+                          p16);
+        break;
+      case OptimizerKind::lion:
+        ops::lion_step(p, g32, part(st[0]),
+                       {float(h.lr), float(h.beta1), float(h.beta2), float(h.weight_decay)}, p16);
+        break;
+      case OptimizerKind::adam:
+        break;
+    }
   }
 }
 

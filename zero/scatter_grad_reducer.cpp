@@ -19,6 +19,13 @@ ScatterGradReducer::ScatterGradReducer(const std::vector<FlatGroup*>& groups,
     b.staged_numel = b.result_numel * comm_->world_size();
     add_bucket(std::move(b));
   }
+  // Each bucket's part of the gradient shard is a segment of its own, allocated when the bucket
+  // is first reduced (see FlatGroup::segment_grads).
+  std::vector<std::vector<int64_t>> begins(groups_.size());
+  for (const Bucket& b : buckets()) begins[size_t(b.spec.group)].push_back(b.local_begin);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!begins[g].empty()) groups_[g]->segment_grads(begins[g]);
+  }
 }
 
 void ScatterGradReducer::stage(const Bucket& b, at::Tensor staging, int64_t index,
@@ -42,11 +49,14 @@ CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, at::Tenso
 }
 
 at::Tensor ScatterGradReducer::shard_result(const Bucket& b) {
-  return groups_[size_t(b.spec.group)]->owned_grads().narrow(0, b.local_begin, b.result_numel);
+  FlatGroup& g = *groups_[size_t(b.spec.group)];
+  if (g.grad_options().dtype() != comm_options().dtype()) return at::Tensor();
+  // Not zero-filled: the reduce-scatter writes every element.
+  return g.grad_segment(b.local_begin, b.result_numel, false);
 }
 
 void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, double scale) {
-  at::Tensor shard = shard_result(b);
+  at::Tensor shard = groups_[size_t(b.spec.group)]->grad_segment(b.local_begin, b.result_numel, true);
   if (reduced.data_ptr() == shard.data_ptr()) {  // reduce-scattered straight into the shard
     if (scale != 1.0) shard.mul_(scale);
     return;

@@ -1,7 +1,7 @@
 // ZeRO stage 3: parameters are partitioned too. Each rank keeps its chunks of every parameter,
-// gradient shard, master weights and optimizer state (16P/N bytes with bf16); the coordinator
-// gathers a module's parameters around its forward and backward, and gradients are
-// reduce-scattered straight into the owned chunks.
+// master weights and optimizer state, and from backward to the step its gradient shard (16P/N
+// bytes with bf16 at the peak); the coordinator gathers a module's parameters around its forward
+// and backward, and gradients are reduce-scattered straight into the owned chunks.
 #include "zero/scatter_grad_reducer.h"
 #include "zero/strategy.h"
 

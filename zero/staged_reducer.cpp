@@ -51,9 +51,8 @@ int StagedReducer::acquire_buffer(const Bucket& b) {
 }
 
 at::TensorOptions StagedReducer::comm_options() const {
-  const auto& grads = groups_[0]->grads();
-  return grads.options().dtype(opt_.comm_dtype != at::ScalarType::Undefined ? opt_.comm_dtype
-                                                                            : grads.scalar_type());
+  const auto grads = groups_[0]->grad_options();
+  return opt_.comm_dtype != at::ScalarType::Undefined ? grads.dtype(opt_.comm_dtype) : grads;
 }
 
 at::Tensor StagedReducer::result_buffer(int buffer, int64_t numel) {
@@ -95,11 +94,9 @@ void StagedReducer::start(Bucket& b) {
   at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
   at::Tensor result;
   if (b.result_numel > 0) {
+    // Into the shard only when it holds nothing to keep (and the dtypes agree).
     if (b.shard_is_empty) result = shard_result(b);
-    // Into the shard only when it holds nothing to keep and the dtypes agree.
-    if (!result.defined() || result.scalar_type() != staging.scalar_type()) {
-      result = result_buffer(b.buffer, b.result_numel);
-    }
+    if (!result.defined()) result = result_buffer(b.buffer, b.result_numel);
   }
   b.result = result;
   const int64_t world = comm_->world_size();
@@ -143,7 +140,7 @@ void StagedReducer::finish() {
 }
 
 void StagedReducer::zero_grad() {
-  for (FlatGroup* g : groups_) g->grads().zero_();  // the owned shards, where gradients accumulate
+  for (FlatGroup* g : groups_) g->zero_grads();  // the owned shards, where gradients accumulate
   for (auto& b : buckets_) b.shard_is_empty = true;
 }
 

@@ -63,6 +63,8 @@ class StagedReducer : public Reducer {
   // collective may write directly while it is empty; undefined when it cannot (in-place
   // reductions, or a communication dtype other than the shard's).
   virtual at::Tensor shard_result(const Bucket& b) { (void)b; return at::Tensor(); }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  at::TensorOptions comm_options() const;
 
   std::vector<FlatGroup*> groups_;
   std::shared_ptr<Comm> comm_;
@@ -71,7 +73,6 @@ class StagedReducer : public Reducer {
   std::vector<int64_t> group_base_;  // global index of each group's first parameter
 
  private:
-  at::TensorOptions comm_options() const;
   int acquire_buffer(const Bucket& b);
   // The buffer's result tensor, made (and accounted) on first use.
   at::Tensor result_buffer(int buffer, int64_t numel);

@@ -152,18 +152,25 @@ def zero3_memory_worker(threshold):
     expect = {"parameters": 2 * shard + 2 * persistent, "gradients": 2 * shard,
               "master_weights": 4 * shard, "optimizer_state": 8 * shard,
               "gathered_parameters": 0, "comm_buffers": 0}
-    assert got == dict(expect, optimizer_state=0), (got, expect)  # the state comes with the first step
-    engine._core.memory  # the account the peaks come from
+    # The optimizer state comes with the first step; the gradient shard with each backward, and
+    # it is freed again by the step.
+    assert got == dict(expect, optimizer_state=0, gradients=0), (got, expect)
     peaks = []
     for step in range(2):
         loss = engine(global_batch("gpt", step, 2))
         peaks.append(engine._core.memory.peak_bytes()["gathered_parameters"])
+        assert engine.memory_bytes()["gradients"] == 0
         engine.backward(loss)
+        assert engine.memory_bytes()["gradients"] == 2 * shard
         engine.step()
     after = engine.memory_bytes()
     assert after["gathered_parameters"] == 0, after        # everything released after backward
     after["comm_buffers"] = 0
-    assert after == expect, (after, expect)   # 16P/N (+ chunk padding) + persistent parameters
+    assert after == dict(expect, gradients=0), (after, expect)
+    peak = {k: v for k, v in engine._core.memory.peak_bytes().items()
+            if k not in ("gathered_parameters", "comm_buffers")}
+    # 16P/N (+ chunk padding) + persistent parameters, during backward and the step.
+    assert peak == {k: v for k, v in expect.items() if k not in ("gathered_parameters", "comm_buffers")}, peak
     biggest = 2 * max(n for n in numels if n >= threshold)
     non_persistent = 2 * sum(n for n in numels if n >= threshold)
     # Module by module: never the whole model at once in forward, at least the largest tensor.
