@@ -77,9 +77,21 @@ void CommWork::wait() {
       work->wait(poll ? std::min(left, kAbortPollInterval) : left);
       break;
     } catch (const std::exception& e) {
-      // c10d's Work::wait throws both for its own timeout and for the backend's error; only a
-      // completed work carries the backend's error.
-      if (work->isCompleted()) monitor_->fail(seq_, what_, CommFailure::backend, e.what());
+      // c10d's Work::wait throws both when the slice runs out ("Operation timed out!") and for
+      // the backend's error. Only the work's own exception is an error: a collective that
+      // completed between the slice's end and this check succeeded (reporting it as failed
+      // ended a test run on that race once).
+      if (work->isCompleted()) {
+        const std::exception_ptr error = work->exception();
+        if (!error) break;
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& backend_error) {
+          monitor_->fail(seq_, what_, CommFailure::backend, backend_error.what());
+        } catch (...) {
+          monitor_->fail(seq_, what_, CommFailure::backend, e.what());
+        }
+      }
     }
     if (poll && monitor_->abort_requested()) monitor_->fail(seq_, what_, CommFailure::aborted, {});
   }
