@@ -157,14 +157,26 @@ void FlatGroup::segment_grads(std::vector<int64_t> begins) {
   segments_.assign(segment_begins_.size(), at::Tensor());
 }
 
-at::Tensor FlatGroup::grad_segment(int64_t begin, int64_t numel, bool zeroed) {
+int64_t FlatGroup::segment_end(size_t i) const {
+  return i + 1 < segment_begins_.size() ? segment_begins_[i + 1] : owned_.numel();
+}
+
+size_t FlatGroup::segment_index(int64_t begin, int64_t numel) const {
   const auto it = std::lower_bound(segment_begins_.begin(), segment_begins_.end(), begin);
   const size_t i = size_t(it - segment_begins_.begin());
-  const int64_t end = i + 1 < segment_begins_.size() ? segment_begins_[i + 1] : owned_.numel();
-  ZS_CHECK(it != segment_begins_.end() && *it == begin && end - begin == numel,
-           "FlatGroup::grad_segment: [", begin, ", ", begin + numel,
-           ") is not one of the gradient segments");
-  at::Tensor& t = segments_[i];
+  ZS_CHECK(it != segment_begins_.end() && *it == begin && segment_end(i) - begin == numel,
+           "FlatGroup: [", begin, ", ", begin + numel, ") is not one of the gradient segments");
+  return i;
+}
+
+bool FlatGroup::holds_grad_segment(int64_t begin) const {
+  const auto it = std::lower_bound(segment_begins_.begin(), segment_begins_.end(), begin);
+  return it != segment_begins_.end() && *it == begin &&
+         segments_[size_t(it - segment_begins_.begin())].defined();
+}
+
+at::Tensor FlatGroup::grad_segment(int64_t begin, int64_t numel, bool zeroed) {
+  at::Tensor& t = segments_[segment_index(begin, numel)];
   if (!t.defined()) {
     t = zeroed ? at::zeros({numel}, grad_options_) : at::empty({numel}, grad_options_);
     accounted_[1] += t.nbytes();
@@ -178,8 +190,7 @@ std::vector<std::pair<int64_t, at::Tensor>> FlatGroup::grad_pieces() {
   std::vector<std::pair<int64_t, at::Tensor>> pieces;
   for (size_t i = 0; i < segment_begins_.size(); ++i) {
     const int64_t begin = segment_begins_[i];
-    const int64_t end = i + 1 < segment_begins_.size() ? segment_begins_[i + 1] : owned_.numel();
-    pieces.emplace_back(begin, grad_segment(begin, end - begin, true));
+    pieces.emplace_back(begin, grad_segment(begin, segment_end(i) - begin, true));
   }
   return pieces;
 }

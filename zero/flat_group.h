@@ -66,6 +66,8 @@ class FlatGroup {
   // The segment that starts at `begin` and has `numel` elements, allocated on first use:
   // zero-filled when `zeroed`, else left for the caller to overwrite entirely.
   at::Tensor grad_segment(int64_t begin, int64_t numel, bool zeroed);
+  // Whether the segment that starts at `begin` holds gradients written since zero_grads().
+  bool holds_grad_segment(int64_t begin) const;
   // The owned gradients as (offset in the owned range, tensor) pieces that tile it: one piece
   // for stages 0-2, every segment for stage 3 (zero-filled where backward wrote none).
   std::vector<std::pair<int64_t, at::Tensor>> grad_pieces();
@@ -89,6 +91,9 @@ class FlatGroup {
 
  private:
   std::vector<at::Tensor> views(const at::Tensor& flat) const;
+  // Index of the segment that starts at `begin` and has `numel` elements (checked).
+  size_t segment_index(int64_t begin, int64_t numel) const;
+  int64_t segment_end(size_t i) const;
 
   FlatLayout layout_;
   ChunkLayout chunks_;

@@ -50,6 +50,8 @@ CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, at::Tenso
 
 at::Tensor ScatterGradReducer::shard_result(const Bucket& b) {
   FlatGroup& g = *groups_[size_t(b.spec.group)];
+  // An earlier micro-step's gradients are there to accumulate into.
+  if (g.holds_grad_segment(b.local_begin)) return at::Tensor();
   if (g.grad_options().dtype() != comm_options().dtype()) return at::Tensor();
   // Not zero-filled: the reduce-scatter writes every element.
   return g.grad_segment(b.local_begin, b.result_numel, false);

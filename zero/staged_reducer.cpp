@@ -94,8 +94,7 @@ void StagedReducer::start(Bucket& b) {
   at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
   at::Tensor result;
   if (b.result_numel > 0) {
-    // Into the shard only when it holds nothing to keep (and the dtypes agree).
-    if (b.shard_is_empty) result = shard_result(b);
+    result = shard_result(b);
     if (!result.defined()) result = result_buffer(b.buffer, b.result_numel);
   }
   b.result = result;
@@ -122,7 +121,6 @@ void StagedReducer::complete(Bucket& b) {
                                           : staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
   accumulate(b, reduced, opt_.post_factor(comm_->world_size()));
   b.result = at::Tensor();
-  b.shard_is_empty = false;
   busy_[size_t(b.buffer)] = false;
   b.buffer = -1;
   b.ready = 0;
@@ -141,7 +139,6 @@ void StagedReducer::finish() {
 
 void StagedReducer::zero_grad() {
   for (FlatGroup* g : groups_) g->zero_grads();  // the owned shards, where gradients accumulate
-  for (auto& b : buckets_) b.shard_is_empty = true;
 }
 
 }  // namespace zeroshard

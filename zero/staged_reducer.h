@@ -39,7 +39,6 @@ class StagedReducer : public Reducer {
     int64_t local_begin = 0;    // where this rank's result lands in its gradient shard
     int64_t ready = 0;
     int buffer = -1;
-    bool shard_is_empty = true;  // this rank's part of the gradient shard is zero (since zero_grad)
     at::Tensor result;           // where the collective in flight writes this rank's part
     CommWork work;
     // idle -> filling -> in_flight -> done (reduced in this backward) -> idle again at finish().
@@ -59,9 +58,10 @@ class StagedReducer : public Reducer {
   // the scale makes the sum a mean and is applied only to the part this rank keeps. `reduced` may
   // be that part of the shard itself (see shard_result): then only the scale is left to apply.
   virtual void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
-  // For reducers with a separate result: this rank's part of the gradient shard, which the
-  // collective may write directly while it is empty; undefined when it cannot (in-place
-  // reductions, or a communication dtype other than the shard's).
+  // For reducers with a separate result: this rank's part of the gradient shard, for the
+  // collective to write directly, while that part holds nothing yet in this window; undefined
+  // otherwise, and when it cannot (in-place reductions, or a communication dtype other than the
+  // shard's).
   virtual at::Tensor shard_result(const Bucket& b) { (void)b; return at::Tensor(); }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   at::TensorOptions comm_options() const;
