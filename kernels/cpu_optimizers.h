@@ -56,13 +56,18 @@ struct LionParams {
   float weight_decay = 0.0f;
 };
 
+struct GradStats;
+
 // grad is read only; param and the state arrays are updated in place. n may be 0.
+// stats, when not null, receives grad_stats() of the gradient as read (before p.grad_scale),
+// computed in the same pass: a norm that is only reported costs no second read of the gradient.
 Status adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                 const AdamParams& p, HalfOut param16 = {});
+                 const AdamParams& p, HalfOut param16 = {}, GradStats* stats = nullptr);
 // The fused offload step: 16-bit gradients (grad_kind bf16 or fp16) are widened, scaled by
 // p.grad_scale, and applied in one pass that also writes the 16-bit parameter copy.
 Status adam_step(float* param, const uint16_t* grad, Half grad_kind, float* exp_avg,
-                 float* exp_avg_sq, int64_t n, const AdamParams& p, HalfOut param16 = {});
+                 float* exp_avg_sq, int64_t n, const AdamParams& p, HalfOut param16 = {},
+                 GradStats* stats = nullptr);
 // momentum_buffer may be null when momentum == 0.
 Status sgd_step(float* param, const float* grad, float* momentum_buffer, int64_t n,
                 const SgdParams& p, HalfOut param16 = {});

@@ -105,7 +105,7 @@ kernels::GradStats cuda_grad_stats(const at::Tensor& grad) {
 }  // namespace
 
 void adam_step(at::Tensor param, const at::Tensor& grad, at::Tensor m, at::Tensor v,
-               const kernels::AdamParams& p, const at::Tensor& param16) {
+               const kernels::AdamParams& p, const at::Tensor& param16, kernels::GradStats* stats) {
   check(param, param, "adam_step", "param");
   check(grad, param, "adam_step", "grad", /*allow_half=*/true);
   check(m, param, "adam_step", "exp_avg");
@@ -115,13 +115,16 @@ void adam_step(at::Tensor param, const at::Tensor& grad, at::Tensor m, at::Tenso
     const auto gk = half_kind(grad);
     if (gk == kernels::Half::none)
       ok(kernels::adam_step(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
-                            v.data_ptr<float>(), param.numel(), p, out), "adam_step");
+                            v.data_ptr<float>(), param.numel(), p, out, stats), "adam_step");
     else
       ok(kernels::adam_step(param.data_ptr<float>(), reinterpret_cast<const uint16_t*>(grad.data_ptr()),
-                            gk, m.data_ptr<float>(), v.data_ptr<float>(), param.numel(), p, out),
+                            gk, m.data_ptr<float>(), v.data_ptr<float>(), param.numel(), p, out, stats),
          "adam_step");
     return;
   }
+  // Other devices read the gradient once more for the statistics (before the update; it is
+  // read only, so the order does not matter).
+  if (stats != nullptr) *stats = grad_stats(grad);
 #ifdef ZEROSHARD_WITH_CUDA
   if (param.is_cuda()) {
     cuda_adam_step(param, grad, m, v, p, param16);

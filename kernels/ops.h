@@ -11,8 +11,10 @@
 namespace zeroshard::ops {
 
 // param16: undefined for none, else a contiguous bf16/fp16 tensor of param.numel() elements.
+// stats, when not null, receives grad_stats(grad) (on CPU from the same pass as the update).
 void adam_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
-               const kernels::AdamParams& p, const at::Tensor& param16 = {});
+               const kernels::AdamParams& p, const at::Tensor& param16 = {},
+               kernels::GradStats* stats = nullptr);
 void sgd_step(at::Tensor param, const at::Tensor& grad, at::Tensor momentum_buffer,
               const kernels::SgdParams& p, const at::Tensor& param16 = {});
 void adagrad_step(at::Tensor param, const at::Tensor& grad, at::Tensor sum,

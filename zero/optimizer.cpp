@@ -157,19 +157,23 @@ std::pair<bool, double> ZeroOptimizer::inspect_gradients() {
     }
   }
   if (!finite) sum_sq = INFINITY;
-  if (strategy_->shards_optimizer_state() && comm_->world_size() > 1) {
-    // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
-    // On the gradients' device: an NCCL group carries CUDA tensors only.
-    at::Tensor t = at::full({1}, sum_sq, groups_[0]->params().options().dtype(at::kDouble));
-    comm_->all_reduce(t, "gradient norm").wait();
-    sum_sq = t.item<double>();
-  }
+  sum_sq = global_sum_sq(sum_sq);
   // Only fp16 skips steps; bf16 and fp32 apply them as DeepSpeed does.
   const bool overflow = config_.fp16.enabled && !std::isfinite(sum_sq);
   return {overflow, sum_sq};
 }
 
-void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale) {
+double ZeroOptimizer::global_sum_sq(double local_sum_sq) {
+  if (!strategy_->shards_optimizer_state() || comm_->world_size() == 1) return local_sum_sq;
+  // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
+  // On the gradients' device: an NCCL group carries CUDA tensors only.
+  at::Tensor t = at::full({1}, local_sum_sq, groups_[0]->params().options().dtype(at::kDouble));
+  comm_->all_reduce(t, "gradient norm").wait();
+  return t.item<double>();
+}
+
+void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale,
+                          double* sum_sq) {
   const int64_t step = ++group_steps_[gi];
   const ShardRange own = g.owned();
   // Mixed precision: the kernels write the updated 16-bit parameters in the same pass.
@@ -190,7 +194,9 @@ void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double 
                              // DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
                              oc.type == "AdamW" || oc.adam_w_mode, oc.bias_correction, step};
       ap.grad_scale = float(grad_scale);
-      ops::adam_step(p, grad, part(st[0]), part(st[1]), ap, p16);
+      kernels::GradStats stats;
+      ops::adam_step(p, grad, part(st[0]), part(st[1]), ap, p16, sum_sq ? &stats : nullptr);
+      if (sum_sq) *sum_sq += stats.finite ? stats.sum_sq : INFINITY;
       continue;
     }
     const at::Tensor g32 = grad.scalar_type() == at::kFloat && grad_scale == 1.0
@@ -222,31 +228,41 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
            " hyperparameter sets for ", groups_.size(), " parameter groups");
   StepResult r;
   r.loss_scale = scaler_.scale();
-  auto [overflow, sum_sq] = inspect_gradients();
-  const bool skip = scaler_.update(overflow);
-  if (skip) {
-    ++skipped_steps_;
-    // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
-    if (overflow && scaler_.at_minimum_after_overflow()) {
-      throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
-                              "fp16.min_loss_scale (", scaler_.scale(), "), so no step can be "
-                              "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
-    }
-    r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
-    zero_grad();
-    return r;
-  }
-  r.grad_norm = std::sqrt(sum_sq) / r.loss_scale;
+  // The norm is needed before the update only to clip and to find fp16 overflows. Otherwise Adam
+  // computes it in its own pass, and the gradients are read once instead of twice.
+  const bool norm_in_update =
+      kind_ == OptimizerKind::adam && !config_.fp16.enabled && config_.gradient_clipping <= 0.0;
   double clip = 1.0;
-  if (config_.gradient_clipping > 0.0) {
-    // The same coefficient as torch.nn.utils.clip_grad_norm_.
-    clip = std::min(1.0, config_.gradient_clipping / (r.grad_norm + 1e-6));
+  if (norm_in_update) {
+    scaler_.update(false);
+  } else {
+    auto [overflow, sum_sq] = inspect_gradients();
+    const bool skip = scaler_.update(overflow);
+    if (skip) {
+      ++skipped_steps_;
+      // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
+      if (overflow && scaler_.at_minimum_after_overflow()) {
+        throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
+                                "fp16.min_loss_scale (", scaler_.scale(), "), so no step can be "
+                                "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
+      }
+      r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
+      zero_grad();
+      return r;
+    }
+    r.grad_norm = std::sqrt(sum_sq) / r.loss_scale;
+    if (config_.gradient_clipping > 0.0) {
+      // The same coefficient as torch.nn.utils.clip_grad_norm_.
+      clip = std::min(1.0, config_.gradient_clipping / (r.grad_norm + 1e-6));
+    }
   }
   const double grad_scale = clip / r.loss_scale;
+  double local_sum_sq = 0.0;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    apply(*groups_[i], int64_t(i), hypers[i], grad_scale);
+    apply(*groups_[i], int64_t(i), hypers[i], grad_scale, norm_in_update ? &local_sum_sq : nullptr);
     strategy_->sync_params(*groups_[i], *comm_);
   }
+  if (norm_in_update) r.grad_norm = std::sqrt(global_sum_sq(local_sum_sq)) / r.loss_scale;
   if (coordinator_) coordinator_->refresh_persistent();
   zero_grad();
   r.applied = true;

@@ -85,9 +85,14 @@ class ZeroOptimizer {
   // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the
   // state is sharded.
   std::pair<bool, double> inspect_gradients();
+  // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
+  double global_sum_sq(double local_sum_sq);
   // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32).
   void broadcast_from_rank0(const std::vector<at::Tensor>& params);
-  void apply(FlatGroup& g, int64_t group_index, const GroupHyper& h, double grad_scale);
+  // sum_sq, when not null, has the owned gradients' sum of squares added (+inf for inf/nan); only
+  // Adam computes it in its own pass.
+  void apply(FlatGroup& g, int64_t group_index, const GroupHyper& h, double grad_scale,
+             double* sum_sq = nullptr);
 
   std::shared_ptr<Comm> comm_;
   Config config_;

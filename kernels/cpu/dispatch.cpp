@@ -15,6 +15,7 @@ static int omp_get_max_threads() { return 1; }
 #include <cstdlib>
 #include <initializer_list>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/kernel_table.h"
@@ -152,7 +153,7 @@ detail::GradRef at(detail::GradRef g, int64_t off) {
 }
 
 Status adam_any(float* param, detail::GradRef grad, float* m, float* v, int64_t n,
-                const AdamParams& p, HalfOut o) {
+                const AdamParams& p, HalfOut o, GradStats* stats) {
   if (bad(param, n) || bad(grad.data, n) || bad(m, n) || bad(v, n) || bad_out(o, n) || p.step < 1)
     return Status::invalid_argument;
   // Bias corrections in double, then applied in fp32 as torch.optim.Adam(W) does.
@@ -160,11 +161,21 @@ Status adam_any(float* param, detail::GradRef grad, float* m, float* v, int64_t 
   const double bc2 = p.bias_correction ? 1.0 - std::pow(double(p.beta2), double(p.step)) : 1.0;
   const detail::AdamConsts c{p.beta1, p.beta2, 1.0f - p.beta1, 1.0f - p.beta2, p.eps, p.weight_decay,
                              float(double(p.lr) / bc1), float(std::sqrt(bc2)),
-                             1.0f - p.lr * p.weight_decay, p.grad_scale, p.adamw_mode};
+                             1.0f - p.lr * p.weight_decay, p.grad_scale, p.adamw_mode,
+                             stats != nullptr};
   const auto& t = table();
-  parallel_chunks(n, [&](int, int64_t b, int64_t k) {
-    t.adam(param + b, at(grad, b), m + b, v + b, k, c, at(o, b));
+  // Per-thread partial sums, added in thread order so a fixed thread count gives a fixed result.
+  std::vector<double> partial(stats != nullptr ? size_t(cpu_threads()) : 0, 0.0);
+  parallel_chunks(n, [&](int thread, int64_t b, int64_t k) {
+    const double s = t.adam(param + b, at(grad, b), m + b, v + b, k, c, at(o, b));
+    if (stats != nullptr) partial[size_t(thread)] = s;
   });
+  if (stats != nullptr) {
+    double s = 0.0;
+    for (double x : partial) s += x;
+    stats->sum_sq = s;
+    stats->finite = std::isfinite(s);
+  }
   return Status::ok;
 }
 
@@ -200,14 +211,14 @@ const char* status_message(Status s) {
 }
 
 Status adam_step(float* param, const float* grad, float* m, float* v, int64_t n,
-                 const AdamParams& p, HalfOut o) {
-  return adam_any(param, {grad, Half::none}, m, v, n, p, o);
+                 const AdamParams& p, HalfOut o, GradStats* stats) {
+  return adam_any(param, {grad, Half::none}, m, v, n, p, o, stats);
 }
 
 Status adam_step(float* param, const uint16_t* grad, Half grad_kind, float* m, float* v, int64_t n,
-                 const AdamParams& p, HalfOut o) {
+                 const AdamParams& p, HalfOut o, GradStats* stats) {
   if (grad_kind != Half::bf16 && grad_kind != Half::fp16) return Status::invalid_argument;
-  return adam_any(param, {grad, grad_kind}, m, v, n, p, o);
+  return adam_any(param, {grad, grad_kind}, m, v, n, p, o, stats);
 }
 
 Status sgd_step(float* param, const float* grad, float* buf, int64_t n, const SgdParams& p,

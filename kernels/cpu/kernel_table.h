@@ -22,6 +22,7 @@ struct AdamConsts {
   float decay;          // 1 - lr * weight_decay (AdamW)
   float grad_scale;
   bool adamw;
+  bool sum_sq;          // also accumulate the sum of squares of the gradient as read
 };
 struct SgdConsts {
   float lr, momentum, one_minus_dampening, weight_decay;
@@ -35,7 +36,8 @@ struct LionConsts {
 };
 
 struct KernelTable {
-  void (*adam)(float* p, GradRef g, float* m, float* v, int64_t n, const AdamConsts& c, HalfOut o);
+  // Returns the gradient's sum of squares (before grad_scale) when c.sum_sq, else 0.
+  double (*adam)(float* p, GradRef g, float* m, float* v, int64_t n, const AdamConsts& c, HalfOut o);
   void (*sgd)(float* p, const float* g, float* buf, int64_t n, const SgdConsts& c, HalfOut o);
   void (*adagrad)(float* p, const float* g, float* sum, int64_t n, const AdagradConsts& c,
                   HalfOut o);

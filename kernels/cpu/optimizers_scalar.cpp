@@ -17,10 +17,13 @@ void store_half(HalfOut o, int64_t i, float x) {
   if (o.data != nullptr) o.data[i] = f32_to_half(x, o.kind);
 }
 
-void adam(float* param, GradRef grad, float* m, float* v, int64_t n, const AdamConsts& c,
-          HalfOut o) {
+double adam(float* param, GradRef grad, float* m, float* v, int64_t n, const AdamConsts& c,
+            HalfOut o) {
+  double sum_sq = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    float g = load_grad(grad, i) * c.grad_scale;
+    const float raw = load_grad(grad, i);
+    if (c.sum_sq) sum_sq += double(raw) * raw;
+    float g = raw * c.grad_scale;
     float w = param[i];
     if (c.adamw) w *= c.decay;
     else g += c.weight_decay * w;
@@ -30,6 +33,7 @@ void adam(float* param, GradRef grad, float* m, float* v, int64_t n, const AdamC
     param[i] = w - c.step_size * (m[i] / denom);
     store_half(o, i, param[i]);
   }
+  return sum_sq;
 }
 
 void sgd(float* param, const float* grad, float* buf, int64_t n, const SgdConsts& c, HalfOut o) {

@@ -50,16 +50,22 @@ inline void drive(int64_t n, float* const (&s)[K], const void* g, uint16_t* o, S
     for (int64_t j = 0; j < r; ++j) o[i + j] = ob[j];
 }
 
-template <Fmt G, Fmt O, bool kAdamW>
-void adam_loop(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
-               uint16_t* o) {
+// kSumSq: the same pass also returns the gradient's sum of squares (as read, before grad_scale),
+// so a global norm that nothing needs before the update costs no second read of the gradient.
+template <Fmt G, Fmt O, bool kAdamW, bool kSumSq>
+double adam_loop(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
+                 uint16_t* o) {
   const auto b1 = V::set1(c.beta1), b2 = V::set1(c.beta2), omb1 = V::set1(c.one_minus_beta1),
              omb2 = V::set1(c.one_minus_beta2), eps = V::set1(c.eps), wd = V::set1(c.weight_decay),
              step_size = V::set1(c.step_size), bc2 = V::set1(c.bc2_sqrt), decay = V::set1(c.decay),
              gs = V::set1(c.grad_scale);
   float* const s[3] = {p, m, v};
+  auto acc = V::acc_zero();
+  // The zero-padded tail vector adds nothing to the sum.
   drive<3, G, O>(n, s, g, o, [&](float* const* a, const void* gp, uint16_t* op, int64_t i) {
-    auto gv = V::mul(load_as_f32<G>(gp, i), gs);
+    const auto raw = load_as_f32<G>(gp, i);
+    if constexpr (kSumSq) V::acc_sq(acc, raw);
+    auto gv = V::mul(raw, gs);
     auto w = V::load(a[0] + i);
     if constexpr (kAdamW) w = V::mul(w, decay);
     else gv = V::fmadd(wd, w, gv);
@@ -72,6 +78,7 @@ void adam_loop(float* p, const void* g, float* m, float* v, int64_t n, const Ada
     V::store(a[2] + i, vv);
     store_half<O>(op, i, w);
   });
+  return kSumSq ? V::acc_sum(acc) : 0.0;
 }
 
 template <Fmt O, bool kMomentum>
@@ -153,25 +160,29 @@ Fmt out_fmt(HalfOut o) {
 }
 
 template <Fmt G, Fmt O>
-void adam_go(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
-             uint16_t* o) {
-  if (c.adamw) adam_loop<G, O, true>(p, g, m, v, n, c, o);
-  else adam_loop<G, O, false>(p, g, m, v, n, c, o);
+double adam_go(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
+               uint16_t* o) {
+  if (c.sum_sq) {
+    return c.adamw ? adam_loop<G, O, true, true>(p, g, m, v, n, c, o)
+                   : adam_loop<G, O, false, true>(p, g, m, v, n, c, o);
+  }
+  return c.adamw ? adam_loop<G, O, true, false>(p, g, m, v, n, c, o)
+                 : adam_loop<G, O, false, false>(p, g, m, v, n, c, o);
 }
 template <Fmt G>
-void adam_out(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
-              HalfOut o) {
+double adam_out(float* p, const void* g, float* m, float* v, int64_t n, const AdamConsts& c,
+                HalfOut o) {
   switch (out_fmt(o)) {
-    case Fmt::bf16: adam_go<G, Fmt::bf16>(p, g, m, v, n, c, o.data); break;
-    case Fmt::fp16: adam_go<G, Fmt::fp16>(p, g, m, v, n, c, o.data); break;
-    default: adam_go<G, Fmt::none>(p, g, m, v, n, c, nullptr); break;
+    case Fmt::bf16: return adam_go<G, Fmt::bf16>(p, g, m, v, n, c, o.data);
+    case Fmt::fp16: return adam_go<G, Fmt::fp16>(p, g, m, v, n, c, o.data);
+    default: return adam_go<G, Fmt::none>(p, g, m, v, n, c, nullptr);
   }
 }
-void adam(float* p, GradRef g, float* m, float* v, int64_t n, const AdamConsts& c, HalfOut o) {
+double adam(float* p, GradRef g, float* m, float* v, int64_t n, const AdamConsts& c, HalfOut o) {
   switch (grad_fmt(g.kind)) {
-    case Fmt::bf16: adam_out<Fmt::bf16>(p, g.data, m, v, n, c, o); break;
-    case Fmt::fp16: adam_out<Fmt::fp16>(p, g.data, m, v, n, c, o); break;
-    default: adam_out<Fmt::f32>(p, g.data, m, v, n, c, o); break;
+    case Fmt::bf16: return adam_out<Fmt::bf16>(p, g.data, m, v, n, c, o);
+    case Fmt::fp16: return adam_out<Fmt::fp16>(p, g.data, m, v, n, c, o);
+    default: return adam_out<Fmt::f32>(p, g.data, m, v, n, c, o);
   }
 }
 

@@ -116,7 +116,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
                                            config=config)
     ref_params = [p for p in reference.parameters() if p.requires_grad]
     ref_opt = _reference_optimizer(optimizer, ref_params)
-    losses = []
+    losses, norms = [], []
     for step in range(steps):
         batch = global_batch(model_name, step, MICRO * gas * world)
         local = 0.0
@@ -140,6 +140,10 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         for p in ref_params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        # The global gradient norm the engine reports (before clipping), whether computed ahead of
+        # the update or by the Adam pass itself.
+        ref_norm = torch.stack([p.grad.double().square().sum() for p in ref_params]).sum().sqrt()
+        norms.append((engine.get_global_grad_norm(), float(ref_norm)))
         if clip:
             torch.nn.utils.clip_grad_norm_(ref_params, clip)
         ref_opt.step()
@@ -157,6 +161,8 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
             assert err <= 1e-5 * scale, f"rank {rank}: parameter {i} differs by {err:.3e} (scale {scale:.3e})"
         for s, (e, r) in enumerate(losses):
             assert abs(e - r) <= 1e-5 * abs(r), f"step {s}: loss {e!r} vs reference {r!r}"
+        for s, (e, r) in enumerate(norms):
+            assert abs(e - r) <= 1e-5 * r, f"step {s}: gradient norm {e!r} vs reference {r!r}"
     elif precision == "fp32":
         engine_params = [p for p in engine.module.parameters() if p.requires_grad]
         for i, (a, b) in enumerate(zip(engine_params, ref_params)):
@@ -165,6 +171,8 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
             assert err <= 1e-5 * scale, f"rank {rank}: parameter {i} differs by {err:.3e} (scale {scale:.3e})"
         for s, (e, r) in enumerate(losses):
             assert abs(e - r) <= 1e-5 * abs(r), f"step {s}: loss {e!r} vs reference {r!r}"
+        for s, (e, r) in enumerate(norms):
+            assert abs(e - r) <= 1e-5 * r, f"step {s}: gradient norm {e!r} vs reference {r!r}"
     else:
         master = engine._core.master(0)
         if stage == 3:
@@ -179,6 +187,8 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
             print(f"rank {rank}: bf16 master error / movement = {err / moved:.4f}")
         for s, (e, r) in enumerate(losses):
             assert abs(e - r) <= 2e-2 * abs(r), f"step {s}: {precision} loss {e!r} vs reference {r!r}"
+        for s, (e, r) in enumerate(norms):
+            assert abs(e - r) <= 5e-2 * r, f"step {s}: {precision} gradient norm {e!r} vs reference {r!r}"
     return losses
 
 

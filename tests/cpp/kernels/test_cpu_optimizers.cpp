@@ -266,6 +266,57 @@ TEST_CASE("grad_stats: sum of squares and inf/nan detection on every ISA", "[opt
   }
 }
 
+TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the update unchanged",
+          "[optimizers][stats]") {
+  IsaGuard guard;
+  std::vector<Isa> isas = simd_isas();
+  isas.insert(isas.begin(), Isa::scalar);
+  for (int threads : {1, 3}) {
+    set_cpu_threads(threads);
+    for (int64_t n : kSizes) {
+      for (Half gk : {Half::none, Half::bf16, Half::fp16}) {
+        for (Isa isa : isas) {
+          REQUIRE(set_cpu_isa(isa) == Status::ok);
+          INFO("isa=" << isa_name(isa) << " n=" << n << " grad=" << int(gk) << " threads=" << threads);
+          State plain = make_state(n, uint32_t(n + 9), false);
+          plain.grad16.resize(n);
+          cast_to_half(plain.grad.data(), plain.grad16.data(), gk == Half::none ? Half::bf16 : gk, n);
+          State fused = plain;
+          AdamParams p;
+          p.weight_decay = 0.01f;
+          p.grad_scale = 0.5f;   // the statistics are of the gradient as read, before the scale
+          GradStats expect, got;
+          got.sum_sq = -1.0;
+          got.finite = false;
+          if (gk == Half::none) {
+            REQUIRE(grad_stats(plain.grad.data(), n, &expect) == Status::ok);
+            REQUIRE(adam_step(plain.param.data(), plain.grad.data(), plain.s1.data(), plain.s2.data(), n, p) == Status::ok);
+            REQUIRE(adam_step(fused.param.data(), fused.grad.data(), fused.s1.data(), fused.s2.data(), n, p,
+                              {}, &got) == Status::ok);
+          } else {
+            REQUIRE(grad_stats(plain.grad16.data(), gk, n, &expect) == Status::ok);
+            REQUIRE(adam_step(plain.param.data(), plain.grad16.data(), gk, plain.s1.data(), plain.s2.data(),
+                              n, p) == Status::ok);
+            REQUIRE(adam_step(fused.param.data(), fused.grad16.data(), gk, fused.s1.data(), fused.s2.data(),
+                              n, p, {}, &got) == Status::ok);
+          }
+          CHECK(got.sum_sq == Approx(expect.sum_sq).epsilon(1e-12));
+          CHECK(got.finite);
+          CHECK(fused.param == plain.param);
+          CHECK(fused.s1 == plain.s1);
+          CHECK(fused.s2 == plain.s2);
+          // An inf or nan anywhere, the zero-padded tail included, is reported.
+          std::vector<float> bad = plain.grad;
+          bad[n - 1] = gk == Half::fp16 ? INFINITY : NAN;
+          REQUIRE(adam_step(fused.param.data(), bad.data(), fused.s1.data(), fused.s2.data(), n, p,
+                            {}, &got) == Status::ok);
+          CHECK_FALSE(got.finite);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("invalid arguments are refused, not crashed on", "[optimizers]") {
   float x = 0;
   AdamParams p;
