@@ -89,6 +89,10 @@ Status grad_stats(const uint16_t* grad, Half kind, int64_t n, GradStats* out);
 // Casts between fp32 and a 16-bit format (round to nearest even; NaN stays NaN).
 Status cast_to_half(const float* src, uint16_t* dst, Half kind, int64_t n);
 Status cast_from_half(const uint16_t* src, Half kind, float* dst, int64_t n);
+// dst = src * scale, fp32, in one pass (scale 1 is a plain copy). From 1 MiB on, dst is written
+// with non-temporal stores, so its lines are not read first: a gradient copied into a flat buffer
+// costs one read and one write. src and dst must not overlap unless they are the same array.
+Status scale_copy(const float* src, float* dst, int64_t n, float scale);
 uint16_t float_to_half_bits(float x, Half kind);
 float half_bits_to_float(uint16_t h, Half kind);
 

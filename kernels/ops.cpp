@@ -219,6 +219,23 @@ kernels::GradStats grad_stats(const at::Tensor& grad) {
   return st;
 }
 
+void scale_copy(at::Tensor dst, const at::Tensor& src, double scale) {
+  if (dst.numel() != src.numel() || !dst.is_contiguous()) {
+    throw std::invalid_argument("scale_copy: dst must be a contiguous tensor with " +
+                                std::to_string(src.numel()) + " elements; got " + describe(dst));
+  }
+  const at::Tensor flat = src.reshape(-1);
+  if (dst.is_cpu() && flat.is_cpu() && dst.scalar_type() == at::kFloat &&
+      flat.scalar_type() == at::kFloat && flat.is_contiguous()) {
+    ok(kernels::scale_copy(flat.data_ptr<float>(), dst.data_ptr<float>(), dst.numel(), float(scale)),
+       "scale_copy");
+    return;
+  }
+  at::Tensor out = dst.view(-1);
+  if (scale == 1.0) out.copy_(flat);
+  else at::mul_out(out, flat, scale);
+}
+
 const char* cpu_isa_name() { return kernels::isa_name(kernels::cpu_isa()); }
 
 }  // namespace zeroshard::ops

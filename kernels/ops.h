@@ -25,6 +25,10 @@ void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg,
 // One read of a gradient (fp32, bf16 or fp16): sum of squares in double and whether all finite.
 kernels::GradStats grad_stats(const at::Tensor& grad);
 
+// dst = src * scale (scale 1: a copy) for tensors of equal numel; dst contiguous. fp32 CPU tensors
+// use the streaming kernel (kernels::scale_copy), anything else ATen.
+void scale_copy(at::Tensor dst, const at::Tensor& src, double scale);
+
 // Name of the CPU ISA the kernels use now ("avx512", "avx2", "scalar").
 const char* cpu_isa_name();
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kernels/ops.h"
 #include "runtime/error.h"
 
 namespace zeroshard {
@@ -63,13 +64,13 @@ void GradReducer::adopt(int64_t index, const at::Tensor& grad) {
     return;
   }
   const Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
-  const at::Tensor flat = grad.reshape(-1);
-  // The first gradient in the boundary backward is the whole window's gradient.
+  // The first gradient in the boundary backward is the whole window's gradient. One streaming
+  // pass (kernels::scale_copy): the view is written without being read first.
   if (boundary_ && !written_[size_t(index)] && b.folds_mean) {
-    at::mul_out(view, flat, opt_.post_factor(comm_->world_size()));
+    ops::scale_copy(view, grad, opt_.post_factor(comm_->world_size()));
     scaled_[size_t(index)] = 1;
   } else {
-    view.copy_(flat);
+    ops::scale_copy(view, grad, 1.0);
     scaled_[size_t(index)] = 0;
   }
   written_[size_t(index)] = 1;

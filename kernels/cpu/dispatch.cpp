@@ -117,6 +117,8 @@ const detail::KernelTable& table() {
 // this many elements per thread the fork/join costs more than it saves.
 constexpr int64_t kAlign = 64;
 constexpr int64_t kMinPerThread = 1 << 15;
+// scale_copy uses non-temporal stores from this size on (larger than a core's L2 cache).
+constexpr int64_t kStreamMinBytes = int64_t(1) << 20;
 
 // Calls fn(thread_index, begin, count) on disjoint chunks covering [0, n); returns the number
 // of chunks used (<= cpu_threads()).
@@ -312,6 +314,17 @@ Status cast_from_half(const uint16_t* src, Half kind, float* dst, int64_t n) {
     return Status::invalid_argument;
   const auto& t = table();
   parallel_chunks(n, [&](int, int64_t b, int64_t k) { t.cast_from_half(src + b, kind, dst + b, k); });
+  return Status::ok;
+}
+
+Status scale_copy(const float* src, float* dst, int64_t n, float scale) {
+  if (bad(src, n) || bad(dst, n)) return Status::invalid_argument;
+  // Overlap would make the result depend on the chunk order.
+  if (n > 0 && src != dst && src < dst + n && dst < src + n) return Status::invalid_argument;
+  // Copies larger than a core's L2 cache stream past it: the destination is not read first.
+  const bool stream = n * int64_t(sizeof(float)) >= kStreamMinBytes;
+  const auto& t = table();
+  parallel_chunks(n, [&](int, int64_t b, int64_t k) { t.scale_copy(src + b, dst + b, k, scale, stream); });
   return Status::ok;
 }
 

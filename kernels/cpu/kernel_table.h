@@ -45,6 +45,8 @@ struct KernelTable {
   double (*sum_sq)(GradRef g, int64_t n);
   void (*cast_to_half)(const float* src, uint16_t* dst, Half kind, int64_t n);
   void (*cast_from_half)(const uint16_t* src, Half kind, float* dst, int64_t n);
+  // dst = src * scale; stream: non-temporal stores where the ISA has them.
+  void (*scale_copy)(const float* src, float* dst, int64_t n, float scale, bool stream);
 };
 
 // The scalar table is the reference the SIMD tables are tested against. The SIMD getters return

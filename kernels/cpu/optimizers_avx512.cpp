@@ -14,6 +14,9 @@ struct V {
   static constexpr int W = 16;
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  // Non-temporal store: p 64-byte aligned; the line is written without being read first.
+  static void stream(float* p, F x) { _mm512_stream_ps(p, x); }
+  static void fence() { _mm_sfence(); }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }

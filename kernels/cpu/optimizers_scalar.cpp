@@ -84,10 +84,15 @@ void cast_from_half(const uint16_t* src, Half kind, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = half_to_f32(src[i], kind);
 }
 
+void scale_copy(const float* src, float* dst, int64_t n, float scale, bool /*stream*/) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
+}
+
 }  // namespace
 
 const KernelTable& scalar_table() {
-  static const KernelTable table{adam, sgd, adagrad, lion, sum_sq, cast_to_half, cast_from_half};
+  static const KernelTable table{adam, sgd, adagrad, lion, sum_sq, cast_to_half, cast_from_half,
+                                 scale_copy};
   return table;
 }
 

@@ -3,7 +3,8 @@
 // Everything here has internal linkage: an inline function compiled with -mavx512f must never be
 // merged with, and then picked over, the same function compiled for a smaller ISA.
 //
-// V provides: F (vector of W floats); load/store, set1, add, sub, mul, div, sqrt, fmadd(a,b,c) =
+// V provides: F (vector of W floats); load/store, stream (non-temporal store to a W-float aligned
+// address) and fence, set1, add, sub, mul, div, sqrt, fmadd(a,b,c) =
 // a*b+c, fnmadd(a,b,c) = c-a*b, sign (-1/0/+1); load_bf16/load_fp16/store_bf16/store_fp16 (round
 // to nearest even); Acc, acc_zero, acc_sq (adds x*x in double), acc_sum.
 
@@ -220,6 +221,27 @@ double sum_sq(GradRef g, int64_t n) {
   }
 }
 
+// dst = src * scale. With stream, dst is written with non-temporal stores from its first
+// W-float aligned element on: a large copy does not read the destination lines first and does not
+// evict the caches for data that is read next from memory anyway.
+void scale_copy(const float* src, float* dst, int64_t n, float scale, bool stream) {
+  const auto a = V::set1(scale);
+  int64_t i = 0;
+  if (stream) {
+    const auto addr = reinterpret_cast<uintptr_t>(dst);
+    const int64_t misaligned = int64_t(addr % (W * sizeof(float)));
+    if (misaligned % int64_t(sizeof(float)) == 0) {  // float-aligned, as every tensor is
+      int64_t head = misaligned == 0 ? 0 : (int64_t(W * sizeof(float)) - misaligned) / int64_t(sizeof(float));
+      if (head > n) head = n;
+      for (; i < head; ++i) dst[i] = src[i] * scale;
+      for (; i + W <= n; i += W) V::stream(dst + i, V::mul(V::load(src + i), a));
+      V::fence();
+    }
+  }
+  for (; i + W <= n; i += W) V::store(dst + i, V::mul(V::load(src + i), a));
+  for (; i < n; ++i) dst[i] = src[i] * scale;
+}
+
 template <Fmt O>
 void cast_to_loop(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
@@ -247,6 +269,6 @@ void cast_from_half(const uint16_t* src, Half kind, float* dst, int64_t n) {
   else cast_from_loop<Fmt::fp16>(src, dst, n);
 }
 
-const KernelTable kTable{adam, sgd, adagrad, lion, sum_sq, cast_to_half, cast_from_half};
+const KernelTable kTable{adam, sgd, adagrad, lion, sum_sq, cast_to_half, cast_from_half, scale_copy};
 
 }  // namespace

@@ -317,6 +317,53 @@ TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the upd
   }
 }
 
+TEST_CASE("scale_copy equals src * scale exactly on every ISA, streamed or not, at any alignment",
+          "[scale_copy]") {
+  IsaGuard guard;
+  std::vector<Isa> isas = simd_isas();
+  isas.insert(isas.begin(), Isa::scalar);
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back((1 << 20) + 3);   // above the streaming threshold (1 MiB), odd length
+  for (int threads : {1, 3}) {
+    set_cpu_threads(threads);
+    for (int64_t n : sizes) {
+      State s = make_state(n, uint32_t(n), false);
+      s.grad[size_t(n / 2)] = NAN;
+      s.grad[0] = -INFINITY;
+      for (float scale : {1.0f, 0.5f, 1.0f / 3.0f}) {
+        std::vector<float> expect(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) expect[size_t(i)] = s.grad[size_t(i)] * scale;
+        for (Isa isa : isas) {
+          REQUIRE(set_cpu_isa(isa) == Status::ok);
+          // Destinations at every float offset from a 64-byte line, so the streamed part starts
+          // after a head of 0..15 elements.
+          for (int64_t shift : {0, 1, 5, 15}) {
+            if (shift > 0 && n > 70000) continue;  // one shift of the big size is enough
+            std::vector<float> out(static_cast<size_t>(n + 16), 7.0f);
+            INFO("isa=" << isa_name(isa) << " n=" << n << " scale=" << scale << " shift=" << shift
+                        << " threads=" << threads);
+            REQUIRE(scale_copy(s.grad.data(), out.data() + shift, n, scale) == Status::ok);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const float got = out[size_t(i + shift)], want = expect[size_t(i)];
+              wrong += !(got == want || (std::isnan(got) && std::isnan(want)));
+            }
+            CHECK(wrong == 0);
+            // Nothing outside [shift, shift + n) is written.
+            for (int64_t i = 0; i < shift; ++i) CHECK(out[size_t(i)] == 7.0f);
+            for (int64_t i = n + shift; i < n + 16; ++i) CHECK(out[size_t(i)] == 7.0f);
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> a(64, 1.0f);
+  CHECK(scale_copy(a.data(), a.data() + 8, 32, 2.0f) == Status::invalid_argument);  // overlap
+  CHECK(scale_copy(a.data(), a.data(), 32, 2.0f) == Status::ok);                      // in place
+  CHECK(a[0] == 2.0f);
+  CHECK(scale_copy(nullptr, a.data(), 1, 1.0f) == Status::invalid_argument);
+}
+
 TEST_CASE("invalid arguments are refused, not crashed on", "[optimizers]") {
   float x = 0;
   AdamParams p;
