@@ -23,7 +23,9 @@ StagedReducer::StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_
   plan_ = plan_buckets(layouts, opt_.bucket_numel);
 }
 
-StagedReducer::~StagedReducer() { release_buffers(); }
+StagedReducer::~StagedReducer() {
+  memory_.release(MemoryCategory::comm_buffers, accounted_bytes_);
+}
 
 int StagedReducer::acquire_buffer(const Bucket& b) {
   for (size_t i = 0; i < staging_.size(); ++i) {
@@ -133,17 +135,6 @@ void StagedReducer::finish() {
   }
   while (!in_flight_.empty()) complete(buckets_[size_t(in_flight_.front())]);
   for (auto& b : buckets_) b.state = Bucket::State::idle;
-  release_buffers();
-}
-
-void StagedReducer::release_buffers() {
-  // Staging and result buffers live from a backward's first bucket to its end, as the gradient
-  // shard does from its bucket to the step: between backwards (forward included) they hold nothing.
-  staging_.clear();
-  results_.clear();
-  busy_.clear();
-  memory_.release(MemoryCategory::comm_buffers, accounted_bytes_);
-  accounted_bytes_ = 0;
 }
 
 void StagedReducer::zero_grad() {

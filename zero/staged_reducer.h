@@ -78,7 +78,6 @@ class StagedReducer : public Reducer {
   at::Tensor result_buffer(int buffer, int64_t numel);
   void start(Bucket& b);
   void complete(Bucket& b);
-  void release_buffers();
 
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> staging_, results_;
