@@ -121,10 +121,10 @@ constexpr int64_t kMinPerThread = 1 << 15;
 constexpr int64_t kStreamMinBytes = int64_t(1) << 20;
 
 // Calls fn(thread_index, begin, count) on disjoint chunks covering [0, n); returns the number
-// of chunks used (<= cpu_threads()).
+// of chunks used (<= max_threads, which defaults to cpu_threads()).
 template <class Fn>
-int parallel_chunks(int64_t n, Fn&& fn) {
-  int threads = cpu_threads();
+int parallel_chunks(int64_t n, Fn&& fn, int max_threads = 0) {
+  int threads = max_threads > 0 ? max_threads : cpu_threads();
   const int64_t by_size = (n + kMinPerThread - 1) / kMinPerThread;
   if (by_size < threads) threads = int(by_size < 1 ? 1 : by_size);
   if (threads <= 1) {
@@ -167,11 +167,13 @@ Status adam_any(float* param, detail::GradRef grad, float* m, float* v, int64_t 
                              stats != nullptr};
   const auto& t = table();
   // Per-thread partial sums, added in thread order so a fixed thread count gives a fixed result.
-  std::vector<double> partial(stats != nullptr ? size_t(cpu_threads()) : 0, 0.0);
+  // The thread count is read once: the split may not use more threads than there are slots.
+  const int threads = cpu_threads();
+  std::vector<double> partial(stats != nullptr ? size_t(threads) : 0, 0.0);
   parallel_chunks(n, [&](int thread, int64_t b, int64_t k) {
     const double s = t.adam(param + b, at(grad, b), m + b, v + b, k, c, at(o, b));
     if (stats != nullptr) partial[size_t(thread)] = s;
-  });
+  }, threads);
   if (stats != nullptr) {
     double s = 0.0;
     for (double x : partial) s += x;

@@ -3,7 +3,9 @@
 // bf16 and fp16 gradients and 16-bit parameter copies; plus the fused offload step and stats.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -155,6 +157,18 @@ int64_t count_far16(const std::vector<uint16_t>& a, const std::vector<uint16_t>&
   return bad;
 }
 
+// n floats starting on a 64-byte boundary (std::vector's alignment is not controlled).
+struct AlignedFloats {
+  explicit AlignedFloats(int64_t n)
+      : data(static_cast<float*>(std::aligned_alloc(64, size_t((n * 4 + 63) / 64 * 64)))) {
+    REQUIRE(data != nullptr);
+  }
+  ~AlignedFloats() { std::free(data); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data;
+};
+
 }  // namespace
 
 TEST_CASE("every SIMD path matches the scalar reference", "[optimizers]") {
@@ -305,11 +319,20 @@ TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the upd
           CHECK(fused.param == plain.param);
           CHECK(fused.s1 == plain.s1);
           CHECK(fused.s2 == plain.s2);
-          // An inf or nan anywhere, the zero-padded tail included, is reported.
-          std::vector<float> bad = plain.grad;
-          bad[n - 1] = gk == Half::fp16 ? INFINITY : NAN;
-          REQUIRE(adam_step(fused.param.data(), bad.data(), fused.s1.data(), fused.s2.data(), n, p,
-                            {}, &got) == Status::ok);
+          // An inf or nan anywhere, the zero-padded tail included, is reported, in the gradient's
+          // own format.
+          got.finite = true;
+          if (gk == Half::none) {
+            std::vector<float> bad = plain.grad;
+            bad[size_t(n - 1)] = NAN;
+            REQUIRE(adam_step(fused.param.data(), bad.data(), fused.s1.data(), fused.s2.data(), n, p,
+                              {}, &got) == Status::ok);
+          } else {
+            std::vector<uint16_t> bad = plain.grad16;
+            bad[size_t(n - 1)] = gk == Half::fp16 ? uint16_t(0x7c00) : uint16_t(0x7f80);  // +inf
+            REQUIRE(adam_step(fused.param.data(), bad.data(), gk, fused.s1.data(), fused.s2.data(), n,
+                              p, {}, &got) == Status::ok);
+          }
           CHECK_FALSE(got.finite);
         }
       }
@@ -335,14 +358,16 @@ TEST_CASE("scale_copy equals src * scale exactly on every ISA, streamed or not, 
         for (int64_t i = 0; i < n; ++i) expect[size_t(i)] = s.grad[size_t(i)] * scale;
         for (Isa isa : isas) {
           REQUIRE(set_cpu_isa(isa) == Status::ok);
-          // Destinations at every float offset from a 64-byte line, so the streamed part starts
-          // after a head of 0..15 elements.
+          // Destinations 0, 1, 5 and 15 floats past a 64-byte line, so the streamed part starts
+          // after a head of 0, 15, 11 and 1 elements.
           for (int64_t shift : {0, 1, 5, 15}) {
-            if (shift > 0 && n > 70000) continue;  // one shift of the big size is enough
-            std::vector<float> out(static_cast<size_t>(n + 16), 7.0f);
+            if (shift != 0 && shift != 5 && n > 70000) continue;  // two shifts of the big size
+            AlignedFloats buffer(n + 16);
+            float* out = buffer.data;
+            std::fill(out, out + n + 16, 7.0f);
             INFO("isa=" << isa_name(isa) << " n=" << n << " scale=" << scale << " shift=" << shift
                         << " threads=" << threads);
-            REQUIRE(scale_copy(s.grad.data(), out.data() + shift, n, scale) == Status::ok);
+            REQUIRE(scale_copy(s.grad.data(), out + shift, n, scale) == Status::ok);
             int64_t wrong = 0;
             for (int64_t i = 0; i < n; ++i) {
               const float got = out[size_t(i + shift)], want = expect[size_t(i)];
