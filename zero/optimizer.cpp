@@ -17,8 +17,9 @@ constexpr int64_t kAlignmentNumel = 16;
 // reduce_bucket_size is an upper bound. Stages 0-1 reduce gradients in place in slices of the flat
 // buffer, so a bucket costs no memory, but DeepSpeed's default (5e8) would make one bucket that can
 // only start after backward ends: capped at 25M elements, so reduction overlaps backward. (DDP's
-// cap is 25 MiB, 6.5M fp32 elements; that cap measured no faster here, 19 buckets instead of 4.) Stages 2-3 stage each bucket in buffers of its size (two with overlap_comm),
-// so their cap also bounds that memory: 8M elements, about one transformer layer of a 100M model.
+// cap is 25 MiB, 6.5M fp32 elements; that cap measured no faster here, 19 buckets instead of 4.)
+// Stages 2-3 stage each bucket in buffers of its size (two with overlap_comm), so their cap also
+// bounds that memory: 8M elements, about one transformer layer of a 100M model.
 constexpr int64_t kInPlaceBucketNumel = 25000000;
 constexpr int64_t kStagedBucketNumel = 8000000;
 

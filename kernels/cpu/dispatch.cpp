@@ -144,6 +144,22 @@ int parallel_chunks(int64_t n, Fn&& fn, int max_threads = 0) {
   return used;
 }
 
+// Runs fn(begin, count) -> double on parallel_chunks' chunks and adds the results in chunk order,
+// so a fixed thread count gives a fixed sum. grad_stats and Adam's in-pass statistics share it,
+// so both give the same sum for the same gradient. The thread count is read once: the split may
+// not use more threads than there are slots.
+template <class Fn>
+double chunk_sum(int64_t n, Fn&& fn) {
+  const int threads = cpu_threads();
+  std::vector<double> partial(size_t(threads), 0.0);
+  parallel_chunks(n, [&](int t, int64_t b, int64_t k) { partial[size_t(t)] = fn(b, k); }, threads);
+  double s = 0.0;
+  for (double x : partial) s += x;
+  return s;
+}
+
+GradStats stats_of(double sum_sq) { return {sum_sq, std::isfinite(sum_sq)}; }
+
 bool bad(const void* a, int64_t n) { return n < 0 || (n > 0 && a == nullptr); }
 bool bad_out(HalfOut o, int64_t n) {
   return o.data != nullptr && (n < 0 || (o.kind != Half::bf16 && o.kind != Half::fp16));
@@ -166,20 +182,11 @@ Status adam_any(float* param, detail::GradRef grad, float* m, float* v, int64_t 
                              1.0f - p.lr * p.weight_decay, p.grad_scale, p.adamw_mode,
                              stats != nullptr};
   const auto& t = table();
-  // Per-thread partial sums, added in thread order so a fixed thread count gives a fixed result.
-  // The thread count is read once: the split may not use more threads than there are slots.
-  const int threads = cpu_threads();
-  std::vector<double> partial(stats != nullptr ? size_t(threads) : 0, 0.0);
-  parallel_chunks(n, [&](int thread, int64_t b, int64_t k) {
-    const double s = t.adam(param + b, at(grad, b), m + b, v + b, k, c, at(o, b));
-    if (stats != nullptr) partial[size_t(thread)] = s;
-  }, threads);
-  if (stats != nullptr) {
-    double s = 0.0;
-    for (double x : partial) s += x;
-    stats->sum_sq = s;
-    stats->finite = std::isfinite(s);
-  }
+  const auto run = [&](int64_t b, int64_t k) {
+    return t.adam(param + b, at(grad, b), m + b, v + b, k, c, at(o, b));
+  };
+  if (stats != nullptr) *stats = stats_of(chunk_sum(n, run));
+  else parallel_chunks(n, [&](int, int64_t b, int64_t k) { run(b, k); });
   return Status::ok;
 }
 
@@ -269,28 +276,8 @@ Status lion_step(float* param, const float* grad, float* m, int64_t n, const Lio
 namespace {
 Status stats_any(detail::GradRef g, int64_t n, GradStats* out) {
   if (bad(g.data, n) || out == nullptr) return Status::invalid_argument;
-  // Per-thread partial sums, added in thread order so a fixed thread count gives a fixed result.
-  double partial[256] = {};
-  const int max_threads = cpu_threads() < 256 ? cpu_threads() : 256;
   const auto& t = table();
-  const int64_t per_block = (n + max_threads - 1) / max_threads;
-  // Split by hand (not parallel_chunks) so the partial array never overflows.
-  int blocks = max_threads;
-  if (n < kMinPerThread * 2) blocks = 1;
-  if (blocks == 1) {
-    partial[0] = t.sum_sq(g, n);
-  } else {
-#pragma omp parallel for num_threads(blocks) schedule(static)
-    for (int b = 0; b < blocks; ++b) {
-      const int64_t begin = per_block * b < n ? per_block * b : n;
-      const int64_t end = begin + per_block < n ? begin + per_block : n;
-      partial[b] = end > begin ? t.sum_sq(at(g, begin), end - begin) : 0.0;
-    }
-  }
-  double s = 0.0;
-  for (int b = 0; b < blocks; ++b) s += partial[b];
-  out->sum_sq = s;
-  out->finite = std::isfinite(s);
+  *out = stats_of(chunk_sum(n, [&](int64_t b, int64_t k) { return t.sum_sq(at(g, b), k); }));
   return Status::ok;
 }
 }  // namespace

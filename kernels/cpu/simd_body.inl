@@ -227,16 +227,13 @@ double sum_sq(GradRef g, int64_t n) {
 void scale_copy(const float* src, float* dst, int64_t n, float scale, bool stream) {
   const auto a = V::set1(scale);
   int64_t i = 0;
-  if (stream) {
-    const auto addr = reinterpret_cast<uintptr_t>(dst);
-    const int64_t misaligned = int64_t(addr % (W * sizeof(float)));
-    if (misaligned % int64_t(sizeof(float)) == 0) {  // float-aligned, as every tensor is
-      int64_t head = misaligned == 0 ? 0 : (int64_t(W * sizeof(float)) - misaligned) / int64_t(sizeof(float));
-      if (head > n) head = n;
-      for (; i < head; ++i) dst[i] = src[i] * scale;
-      for (; i + W <= n; i += W) V::stream(dst + i, V::mul(V::load(src + i), a));
-      V::fence();
-    }
+  const auto addr = reinterpret_cast<uintptr_t>(dst);
+  if (stream && addr % sizeof(float) == 0) {  // float-aligned, as every tensor is
+    // Elements before the first vector-aligned one: 0 .. W-1.
+    const int64_t head = int64_t((0 - addr) % (W * sizeof(float)) / sizeof(float));
+    for (; i < head && i < n; ++i) dst[i] = src[i] * scale;
+    for (; i + W <= n; i += W) V::stream(dst + i, V::mul(V::load(src + i), a));
+    V::fence();
   }
   for (; i + W <= n; i += W) V::store(dst + i, V::mul(V::load(src + i), a));
   for (; i < n; ++i) dst[i] = src[i] * scale;

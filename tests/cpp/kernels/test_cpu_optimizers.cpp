@@ -33,6 +33,13 @@ std::vector<Isa> simd_isas() {
   return out;
 }
 
+// The scalar reference first, then every SIMD path this CPU has.
+std::vector<Isa> all_isas() {
+  std::vector<Isa> out = simd_isas();
+  out.insert(out.begin(), Isa::scalar);
+  return out;
+}
+
 // The state of one optimizer run: fp32 arrays (param + state), gradient and 16-bit copy.
 struct State {
   std::vector<float> param, s1, s2, grad;
@@ -240,8 +247,7 @@ TEST_CASE("fused offload step equals widen + scale + Adam + cast", "[optimizers]
 
 TEST_CASE("grad_stats: sum of squares and inf/nan detection on every ISA", "[optimizers][stats]") {
   IsaGuard guard;
-  std::vector<Isa> isas = simd_isas();
-  isas.insert(isas.begin(), Isa::scalar);
+  const std::vector<Isa> isas = all_isas();
   for (int64_t n : kSizes) {
     State s = make_state(n, 3, false);
     std::vector<uint16_t> b16(n), f16(n);
@@ -283,13 +289,11 @@ TEST_CASE("grad_stats: sum of squares and inf/nan detection on every ISA", "[opt
 TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the update unchanged",
           "[optimizers][stats]") {
   IsaGuard guard;
-  std::vector<Isa> isas = simd_isas();
-  isas.insert(isas.begin(), Isa::scalar);
   for (int threads : {1, 3}) {
     set_cpu_threads(threads);
     for (int64_t n : kSizes) {
       for (Half gk : {Half::none, Half::bf16, Half::fp16}) {
-        for (Isa isa : isas) {
+        for (Isa isa : all_isas()) {
           REQUIRE(set_cpu_isa(isa) == Status::ok);
           INFO("isa=" << isa_name(isa) << " n=" << n << " grad=" << int(gk) << " threads=" << threads);
           State plain = make_state(n, uint32_t(n + 9), false);
@@ -299,21 +303,18 @@ TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the upd
           AdamParams p;
           p.weight_decay = 0.01f;
           p.grad_scale = 0.5f;   // the statistics are of the gradient as read, before the scale
-          GradStats expect, got;
-          got.sum_sq = -1.0;
-          got.finite = false;
-          if (gk == Half::none) {
-            REQUIRE(grad_stats(plain.grad.data(), n, &expect) == Status::ok);
-            REQUIRE(adam_step(plain.param.data(), plain.grad.data(), plain.s1.data(), plain.s2.data(), n, p) == Status::ok);
-            REQUIRE(adam_step(fused.param.data(), fused.grad.data(), fused.s1.data(), fused.s2.data(), n, p,
-                              {}, &got) == Status::ok);
-          } else {
-            REQUIRE(grad_stats(plain.grad16.data(), gk, n, &expect) == Status::ok);
-            REQUIRE(adam_step(plain.param.data(), plain.grad16.data(), gk, plain.s1.data(), plain.s2.data(),
-                              n, p) == Status::ok);
-            REQUIRE(adam_step(fused.param.data(), fused.grad16.data(), gk, fused.s1.data(), fused.s2.data(),
-                              n, p, {}, &got) == Status::ok);
-          }
+          // One Adam step on s with gradients g (fp32 or gk, as the case runs), stats optional.
+          const auto step = [&](State& s, const std::vector<float>& g32,
+                                const std::vector<uint16_t>& g16, GradStats* stats) {
+            if (gk == Half::none)
+              return adam_step(s.param.data(), g32.data(), s.s1.data(), s.s2.data(), n, p, {}, stats);
+            return adam_step(s.param.data(), g16.data(), gk, s.s1.data(), s.s2.data(), n, p, {}, stats);
+          };
+          GradStats expect, got{-1.0, false};
+          REQUIRE((gk == Half::none ? grad_stats(plain.grad.data(), n, &expect)
+                                    : grad_stats(plain.grad16.data(), gk, n, &expect)) == Status::ok);
+          REQUIRE(step(plain, plain.grad, plain.grad16, nullptr) == Status::ok);
+          REQUIRE(step(fused, fused.grad, fused.grad16, &got) == Status::ok);
           CHECK(got.sum_sq == Approx(expect.sum_sq).epsilon(1e-12));
           CHECK(got.finite);
           CHECK(fused.param == plain.param);
@@ -321,18 +322,12 @@ TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the upd
           CHECK(fused.s2 == plain.s2);
           // An inf or nan anywhere, the zero-padded tail included, is reported, in the gradient's
           // own format.
+          std::vector<float> bad32 = plain.grad;
+          std::vector<uint16_t> bad16 = plain.grad16;
+          bad32[size_t(n - 1)] = NAN;
+          bad16[size_t(n - 1)] = gk == Half::fp16 ? uint16_t(0x7c00) : uint16_t(0x7f80);  // +inf
           got.finite = true;
-          if (gk == Half::none) {
-            std::vector<float> bad = plain.grad;
-            bad[size_t(n - 1)] = NAN;
-            REQUIRE(adam_step(fused.param.data(), bad.data(), fused.s1.data(), fused.s2.data(), n, p,
-                              {}, &got) == Status::ok);
-          } else {
-            std::vector<uint16_t> bad = plain.grad16;
-            bad[size_t(n - 1)] = gk == Half::fp16 ? uint16_t(0x7c00) : uint16_t(0x7f80);  // +inf
-            REQUIRE(adam_step(fused.param.data(), bad.data(), gk, fused.s1.data(), fused.s2.data(), n,
-                              p, {}, &got) == Status::ok);
-          }
+          REQUIRE(step(fused, bad32, bad16, &got) == Status::ok);
           CHECK_FALSE(got.finite);
         }
       }
@@ -343,8 +338,7 @@ TEST_CASE("Adam's in-pass gradient statistics equal grad_stats and leave the upd
 TEST_CASE("scale_copy equals src * scale exactly on every ISA, streamed or not, at any alignment",
           "[scale_copy]") {
   IsaGuard guard;
-  std::vector<Isa> isas = simd_isas();
-  isas.insert(isas.begin(), Isa::scalar);
+  const std::vector<Isa> isas = all_isas();
   std::vector<int64_t> sizes = kSizes;
   sizes.push_back((1 << 20) + 3);   // above the streaming threshold (1 MiB), odd length
   for (int threads : {1, 3}) {
