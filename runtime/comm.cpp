@@ -171,6 +171,21 @@ CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::st
   });
 }
 
+CommWork Comm::reduce_scatter_in_place(at::Tensor buffer, const std::string& what) {
+  check_tensor(buffer, "reduce_scatter_in_place", what);
+  ZS_CHECK(buffer.numel() % world_size_ == 0, "rank ", rank_, ": reduce_scatter_in_place(", what,
+           "): ", buffer.numel(), " elements do not split into world_size ", world_size_, " parts");
+  if (backend_ != "nccl") return all_reduce(buffer, what);
+  const int64_t part = buffer.numel() / world_size_;
+  at::Tensor output = buffer.narrow(0, rank_ * part, part);
+  const auto d = begin(describe("reduce_scatter", buffer, what), true);
+  return issue(d, buffer.is_cuda(), [&] {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return group_->_reduce_scatter_base(output, buffer, opts);
+  });
+}
+
 CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string& what) {
   check_tensor(output, "all_gather", what);
   check_tensor(input, "all_gather", what);

@@ -64,6 +64,11 @@ class Comm {
   CommWork all_reduce_max(at::Tensor tensor, const std::string& what);
   // input: world_size * n elements; output: this rank's n-element slice of the sum.
   CommWork reduce_scatter(at::Tensor output, at::Tensor input, const std::string& what);
+  // buffer: world_size equal parts. Afterwards this rank's part, [rank*n, (rank+1)*n), holds the
+  // sum over ranks of that part; the other parts are scratch. NCCL reduce-scatters in place (its
+  // output is that part). Other backends all-reduce the buffer: Gloo's reduce-scatter copies its
+  // whole input first, and measured slower here than an in-place all-reduce of the same buffer.
+  CommWork reduce_scatter_in_place(at::Tensor buffer, const std::string& what);
   // input: n elements from each rank; output: world_size * n, rank r's input at [r*n, (r+1)*n).
   // input may alias output's own slice (the usual in-place gather of a sharded flat buffer).
   CommWork all_gather(at::Tensor output, at::Tensor input, const std::string& what);

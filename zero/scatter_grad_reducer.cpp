@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/ops.h"
+
 namespace zeroshard {
 
 ScatterGradReducer::ScatterGradReducer(const std::vector<FlatGroup*>& groups,
@@ -15,8 +17,8 @@ ScatterGradReducer::ScatterGradReducer(const std::vector<FlatGroup*>& groups,
     b.spec = spec;
     b.local_begin = L.local_offsets[size_t(spec.first_param)];
     const size_t last = size_t(spec.end_param - 1);
-    b.result_numel = L.local_offsets[last] + L.chunks[last] - b.local_begin;  // chunks per rank
-    b.staged_numel = b.result_numel * comm_->world_size();
+    b.local_numel = L.local_offsets[last] + L.chunks[last] - b.local_begin;  // chunks per rank
+    b.staged_numel = b.local_numel * comm_->world_size();
     add_bucket(std::move(b));
   }
   // Each bucket's part of the gradient shard is a segment of its own, allocated when the bucket
@@ -37,33 +39,24 @@ void ScatterGradReducer::stage(const Bucket& b, at::Tensor staging, int64_t inde
   for (int64_t r = 0; r < comm_->world_size(); ++r) {
     const int64_t held = L.held_numel(t, r);
     if (held > 0) {
-      staging.narrow(0, r * b.result_numel + into, held)
+      staging.narrow(0, r * b.local_numel + into, held)
           .copy_(flat.narrow(0, r * L.chunks[size_t(t)], held));
     }
   }
 }
 
-CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, at::Tensor result,
-                                    const std::string& what) {
-  return comm_->reduce_scatter(result, staging, what);
-}
-
-at::Tensor ScatterGradReducer::shard_result(const Bucket& b) {
-  FlatGroup& g = *groups_[size_t(b.spec.group)];
-  // An earlier micro-step's gradients are there to accumulate into.
-  if (g.holds_grad_segment(b.local_begin)) return at::Tensor();
-  if (g.grad_options().dtype() != comm_options().dtype()) return at::Tensor();
-  // Not zero-filled: the reduce-scatter writes every element.
-  return g.grad_segment(b.local_begin, b.result_numel, false);
+CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, const std::string& what) {
+  return comm_->reduce_scatter_in_place(staging, what);
 }
 
 void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, double scale) {
-  at::Tensor shard = groups_[size_t(b.spec.group)]->grad_segment(b.local_begin, b.result_numel, true);
-  if (reduced.data_ptr() == shard.data_ptr()) {  // reduce-scattered straight into the shard
-    if (scale != 1.0) shard.mul_(scale);
-    return;
+  FlatGroup& g = *groups_[size_t(b.spec.group)];
+  const at::Tensor part = reduced.narrow(0, comm_->rank() * b.local_numel, b.local_numel);
+  if (g.holds_grad_segment(b.local_begin)) {  // an earlier micro-step's gradients: accumulate
+    g.grad_segment(b.local_begin, b.local_numel, true).add_(part.to(g.grad_options().dtype()), scale);
+  } else {  // the first in this window: written whole, so not zero-filled first
+    ops::scale_copy(g.grad_segment(b.local_begin, b.local_numel, false), part, scale);
   }
-  shard.add_(reduced.to(shard.scalar_type()), scale);
 }
 
 }  // namespace zeroshard

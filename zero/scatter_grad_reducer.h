@@ -1,7 +1,8 @@
 // Stage 3: parameters are chunked per rank (ChunkLayout), so a bucket of consecutive parameters
 // is reduce-scattered directly. Each gradient is staged chunk by chunk, rank-major
-// ([rank 0's chunks | rank 1's chunks | ...]); the reduce-scatter then hands each rank exactly its
-// chunks, summed, for its gradient shard.
+// ([rank 0's chunks | rank 1's chunks | ...]); the in-place reduce-scatter (Comm) then leaves each
+// rank's chunks, summed, in its part of the staging buffer, from where they are copied (or, when
+// a window accumulates, added) into its gradient shard.
 #pragma once
 #include "zero/staged_reducer.h"
 
@@ -14,10 +15,8 @@ class ScatterGradReducer final : public StagedReducer {
 
  private:
   void stage(const Bucket& b, at::Tensor staging, int64_t index, const at::Tensor& grad) override;
-  CommWork reduce(const Bucket& b, at::Tensor staging, at::Tensor result,
-                  const std::string& what) override;
+  CommWork reduce(const Bucket& b, at::Tensor staging, const std::string& what) override;
   void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) override;
-  at::Tensor shard_result(const Bucket& b) override;
 };
 
 }  // namespace zeroshard

@@ -25,8 +25,7 @@ void ShardedGradReducer::stage(const Bucket& b, at::Tensor staging, int64_t inde
       .copy_(grad.reshape(-1));
 }
 
-CommWork ShardedGradReducer::reduce(const Bucket&, at::Tensor staging, at::Tensor,
-                                    const std::string& what) {
+CommWork ShardedGradReducer::reduce(const Bucket&, at::Tensor staging, const std::string& what) {
   return comm_->all_reduce(staging, what);
 }
 

@@ -43,7 +43,6 @@ int StagedReducer::acquire_buffer(const Bucket& b) {
   int64_t staged = 0;
   for (const auto& x : buckets_) staged = std::max(staged, x.staged_numel);
   staging_.push_back(at::empty({staged}, comm_options()));
-  results_.emplace_back();
   busy_.push_back(true);
   memory_.add(MemoryCategory::comm_buffers, staging_.back().nbytes());
   accounted_bytes_ += staging_.back().nbytes();
@@ -53,18 +52,6 @@ int StagedReducer::acquire_buffer(const Bucket& b) {
 at::TensorOptions StagedReducer::comm_options() const {
   const auto grads = groups_[0]->grad_options();
   return opt_.comm_dtype != at::ScalarType::Undefined ? grads.dtype(opt_.comm_dtype) : grads;
-}
-
-at::Tensor StagedReducer::result_buffer(int buffer, int64_t numel) {
-  at::Tensor& r = results_[size_t(buffer)];
-  if (!r.defined()) {
-    int64_t largest = 0;
-    for (const auto& x : buckets_) largest = std::max(largest, x.result_numel);
-    r = at::empty({largest}, comm_options());
-    memory_.add(MemoryCategory::comm_buffers, r.nbytes());
-    accounted_bytes_ += r.nbytes();
-  }
-  return r.narrow(0, 0, numel);
 }
 
 void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
@@ -92,21 +79,11 @@ void StagedReducer::start(Bucket& b) {
   }
   b.state = Bucket::State::in_flight;
   at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
-  at::Tensor result;
-  if (b.result_numel > 0) {
-    result = shard_result(b);
-    if (!result.defined()) result = result_buffer(b.buffer, b.result_numel);
-  }
-  b.result = result;
   const int64_t world = comm_->world_size();
   const double pre = opt_.pre_factor(world);
   if (pre != 1.0) staging.mul_(pre);
   const int64_t id = int64_t(&b - buckets_.data());
-  if (world > 1) {
-    b.work = reduce(b, staging, result, detail::cat("gradient bucket ", id));
-  } else if (result.defined()) {
-    result.copy_(staging);
-  }
+  if (world > 1) b.work = reduce(b, staging, detail::cat("gradient bucket ", id));
   in_flight_.push_back(id);
   // Without overlap_comm the reduction finishes before backward continues.
   if (!opt_.overlap_comm) complete(b);
@@ -117,10 +94,8 @@ void StagedReducer::complete(Bucket& b) {
   b.work.wait();
   const int64_t id = int64_t(&b - buckets_.data());
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), id));
-  at::Tensor reduced = b.result_numel > 0 ? b.result
-                                          : staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
-  accumulate(b, reduced, opt_.post_factor(comm_->world_size()));
-  b.result = at::Tensor();
+  accumulate(b, staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel),
+             opt_.post_factor(comm_->world_size()));
   busy_[size_t(b.buffer)] = false;
   b.buffer = -1;
   b.ready = 0;

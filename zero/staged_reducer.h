@@ -1,13 +1,11 @@
 // Shared machinery of the reducers that stage gradients (stages 2 and 3): gradients are copied from
 // param.grad into a staging buffer per bucket as backward produces them (the engine then drops
-// param.grad), every bucket is reduced on every micro-step, and each rank adds its result into its
-// gradient shard, where gradient accumulation happens. Staging buffers come from a small pool: two
-// with overlap_comm (one filling while one is reduced), one without; a pool that runs out first
-// finishes its oldest reduction. A reducer whose collective has a separate result (stage 3's
-// reduce-scatter) writes it straight into the owned gradient shard while that part of the shard
-// holds nothing yet in this window (always, without gradient accumulation); result buffers are
-// made only for the micro-steps that accumulate. Subclasses say how a gradient is staged, which
-// collective reduces a bucket, and where this rank's part of the result goes.
+// param.grad), every bucket is reduced on every micro-step in its staging buffer, and each rank
+// adds its part of the result into its gradient shard, where gradient accumulation happens.
+// Staging buffers come from a small pool: two with overlap_comm (one filling while one is
+// reduced), one without; a pool that runs out first finishes its oldest reduction. Subclasses say
+// how a gradient is staged, which in-place collective reduces a bucket, and where this rank's part
+// of the result goes.
 #pragma once
 #include <memory>
 #include <string>
@@ -35,11 +33,10 @@ class StagedReducer : public Reducer {
   struct Bucket {
     BucketSpec spec;
     int64_t staged_numel = 0;   // elements of the staging buffer this bucket uses
-    int64_t result_numel = 0;   // elements of the result buffer (0: reduced in place)
-    int64_t local_begin = 0;    // where this rank's result lands in its gradient shard
+    int64_t local_begin = 0;    // stage 3: where this rank's part lands in its gradient shard
+    int64_t local_numel = 0;    // stage 3: elements per rank (the staging holds world_size parts)
     int64_t ready = 0;
     int buffer = -1;
-    at::Tensor result;           // where the collective in flight writes this rank's part
     CommWork work;
     // idle -> filling -> in_flight -> done (reduced in this backward) -> idle again at finish().
     enum class State { idle, filling, in_flight, done } state = State::idle;
@@ -51,18 +48,11 @@ class StagedReducer : public Reducer {
   void add_bucket(Bucket b) { buckets_.push_back(std::move(b)); }
   // Copies parameter `index`'s gradient into the bucket's staging buffer.
   virtual void stage(const Bucket& b, at::Tensor staging, int64_t index, const at::Tensor& grad) = 0;
-  // Starts the bucket's collective; `result` is undefined for in-place reductions.
-  virtual CommWork reduce(const Bucket& b, at::Tensor staging, at::Tensor result,
-                          const std::string& what) = 0;
-  // Adds `scale` times this rank's part of the reduced (summed) bucket into its gradient shard;
-  // the scale makes the sum a mean and is applied only to the part this rank keeps. `reduced` may
-  // be that part of the shard itself (see shard_result): then only the scale is left to apply.
+  // Starts the bucket's in-place collective on its staging buffer.
+  virtual CommWork reduce(const Bucket& b, at::Tensor staging, const std::string& what) = 0;
+  // Adds `scale` times this rank's part of the reduced (summed) staging buffer into its gradient
+  // shard; the scale makes the sum a mean and is applied only to the part this rank keeps.
   virtual void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
-  // For reducers with a separate result: this rank's part of the gradient shard, for the
-  // collective to write directly, while that part holds nothing yet in this window; undefined
-  // otherwise, and when it cannot (in-place reductions, or a communication dtype other than the
-  // shard's).
-  virtual at::Tensor shard_result(const Bucket& b) { (void)b; return at::Tensor(); }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   at::TensorOptions comm_options() const;
 
@@ -74,13 +64,11 @@ class StagedReducer : public Reducer {
 
  private:
   int acquire_buffer(const Bucket& b);
-  // The buffer's result tensor, made (and accounted) on first use.
-  at::Tensor result_buffer(int buffer, int64_t numel);
   void start(Bucket& b);
   void complete(Bucket& b);
 
   std::vector<Bucket> buckets_;
-  std::vector<at::Tensor> staging_, results_;
+  std::vector<at::Tensor> staging_;
   std::vector<bool> busy_;
   std::vector<int64_t> in_flight_;  // bucket indices in the order they started
   size_t pool_size_;

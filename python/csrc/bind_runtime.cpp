@@ -53,6 +53,9 @@ void bind_runtime(py::module_& m) {
            [](Comm& c, at::Tensor out, at::Tensor in, const std::string& what) { c.reduce_scatter(out, in, what).wait(); },
            py::arg("output"), py::arg("input"), py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>())
+      .def("reduce_scatter_in_place",
+           [](Comm& c, at::Tensor buffer, const std::string& what) { c.reduce_scatter_in_place(buffer, what).wait(); },
+           py::arg("buffer"), py::arg("what") = "python", py::call_guard<py::gil_scoped_release>())
       .def("all_gather",
            [](Comm& c, at::Tensor out, at::Tensor in, const std::string& what) { c.all_gather(out, in, what).wait(); },
            py::arg("output"), py::arg("input"), py::arg("what") = "python",

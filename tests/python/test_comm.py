@@ -82,6 +82,9 @@ def test_collectives(world, with_store, debug):
         c.reduce_scatter(out, inp, "reduce_scatter")
         assert torch.equal(out, torch.arange(4 * r, 4 * r + 4, dtype=torch.float32) * world
                            + world * (world - 1) / 2)
+        buf = torch.arange(4 * world, dtype=torch.float32) + r
+        c.reduce_scatter_in_place(buf, "reduce_scatter_in_place")
+        assert torch.equal(buf[4 * r:4 * r + 4], out)  # this rank's part: the reduce-scatter's result
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             flat = torch.zeros(3 * world, dtype=dtype)
             flat[3 * r:3 * r + 3] = r + 1
@@ -93,7 +96,7 @@ def test_collectives(world, with_store, debug):
         c.barrier("end")
         return c.sequence
     sequences = on_ranks(world, body, with_store, debug)
-    assert len(set(sequences)) == 1 and sequences[0] == 7  # one number per collective, same on all
+    assert len(set(sequences)) == 1 and sequences[0] == 8  # one number per collective, same on all
 
 
 def test_shape_errors_name_the_collective_and_sizes():
@@ -101,6 +104,9 @@ def test_shape_errors_name_the_collective_and_sizes():
         with pytest.raises(RuntimeError, match="reduce_scatter\\(grads\\): input has 5 elements, "
                                                "expected world_size 2 x 2"):
             c.reduce_scatter(torch.zeros(2), torch.zeros(5), "grads")
+        with pytest.raises(RuntimeError, match="reduce_scatter_in_place\\(grads\\): 5 elements do not "
+                                               "split into world_size 2 parts"):
+            c.reduce_scatter_in_place(torch.zeros(5), "grads")
         with pytest.raises(RuntimeError, match="all_gather\\(params\\): output has 5 elements, "
                                                "expected world_size 2 x 2"):
             c.all_gather(torch.zeros(5), torch.zeros(2), "params")
