@@ -18,8 +18,10 @@ constexpr int64_t kAlignmentNumel = 16;
 // buffer, so a bucket costs no memory, but DeepSpeed's default (5e8) would make one bucket that can
 // only start after backward ends: capped at 25M elements, so reduction overlaps backward. (DDP's
 // cap is 25 MiB, 6.5M fp32 elements; that cap measured no faster here, 19 buckets instead of 4.)
-// Stages 2-3 stage each bucket in buffers of its size (two with overlap_comm), so their cap also
-// bounds that memory: 8M elements, about one transformer layer of a 100M model.
+// Stages 2-3 stage each bucket in buffers of its size, so their cap also bounds that memory: 8M
+// elements in all, about one transformer layer of a 100M model, in one buffer, or with
+// overlap_comm in two of 4M. (On the 100M GPT of bench/zero_step.py two of 8M put stage 3's peak
+// heap rise level with FSDP2's, 1.00; two of 4M at 0.97; see bench/RESULTS.md.)
 constexpr int64_t kInPlaceBucketNumel = 25000000;
 constexpr int64_t kStagedBucketNumel = 8000000;
 
@@ -84,10 +86,12 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
-  ro.bucket_numel = std::min(config.zero_optimization.reduce_bucket_size,
-                             strategy_->keeps_full_grads() ? kInPlaceBucketNumel : kStagedBucketNumel);
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
+  const int64_t cap = strategy_->keeps_full_grads() ? kInPlaceBucketNumel
+                      : ro.overlap_comm ? kStagedBucketNumel / 2
+                                        : kStagedBucketNumel;
+  ro.bucket_numel = std::min(config.zero_optimization.reduce_bucket_size, cap);
   ro.prescale_gradients = config.prescale_gradients;
   ro.gradient_predivide_factor = config.gradient_predivide_factor;
   ro.comm_dtype = comm_dtype(config.communication_data_type);

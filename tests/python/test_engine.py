@@ -209,6 +209,32 @@ def test_each_gradient_bucket_is_reduced_once_per_backward(stage, overlap_comm):
     assert counts[1:] == [buckets] * 2, (counts, buckets)
 
 
+def staging_cap_worker(stage, overlap_comm):
+    import zeroshard
+    torch.manual_seed(0)
+    # Eight 1024x1024 layers (1.05M elements each) and DeepSpeed's default reduce_bucket_size (5e8):
+    # the staging cap decides the buckets.
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])
+    cfg = _base_config(zero_optimization={"stage": stage, "overlap_comm": overlap_comm})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    engine.backward(engine(torch.randn(2, 1024)).square().mean())
+    engine.step()
+    return engine._core.num_buckets, engine._core.memory.peak_bytes()["comm_buffers"]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_staging_holds_at_most_8m_elements_with_or_without_overlap(stage):
+    # Buckets fill from the last parameter backwards. Without overlap_comm one buffer of buckets up
+    # to 8M elements: seven layers and the next layer's bias, then the rest. With it two buffers of
+    # buckets up to 4M: three layers and a bias, then two more buckets. Either way at most 8M fp32
+    # elements of staging.
+    layer = 1024 * 1024 + 1024
+    for overlap, expect in [(False, (2, (7 * layer + 1024) * 4)), (True, (3, 2 * (3 * layer + 1024) * 4))]:
+        buckets, staged = run_distributed(staging_cap_worker, 2, stage, overlap)[0]
+        assert (buckets, staged) == expect, (overlap, buckets, staged)
+        assert staged <= 8_000_000 * 4
+
+
 def zero3_comm_buffer_worker(gas):
     import zeroshard
     torch.manual_seed(0)
