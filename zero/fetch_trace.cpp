@@ -35,6 +35,15 @@ bool FetchTrace::end_iteration() {
   return ok;
 }
 
+void FetchTrace::abandon_iteration() {
+  if (mode_ == Mode::record || broken_) {
+    mode_ = Mode::record;
+    trace_.clear();
+  }
+  pos_ = 0;
+  broken_ = false;
+}
+
 void FetchTrace::invalidate() {
   broken_ = true;
   ++invalidations_;

@@ -18,6 +18,10 @@ class FetchTrace {
   bool on_fetch(int64_t module_id);
   // End of an iteration. Returns false when a followed iteration ended early (order changed).
   bool end_iteration();
+  // An iteration that did not finish (its backward raised) says nothing about the order: a partial
+  // recording is dropped and recorded again whole; a trace being followed is kept and followed
+  // from its start next iteration.
+  void abandon_iteration();
   // Modules expected after the current position, nearest first (empty while recording).
   const std::vector<int64_t>& modules() const { return trace_; }
   size_t position() const { return pos_; }

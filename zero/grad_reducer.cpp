@@ -142,6 +142,14 @@ void GradReducer::finish() {
   }
 }
 
+void GradReducer::abort() {
+  for (auto& b : buckets_) {
+    if (b.state == Bucket::State::in_flight) b.work.wait();
+    b.ready = 0;
+    b.state = Bucket::State::idle;
+  }
+}
+
 void GradReducer::zero_grad() {
   std::fill(written_.begin(), written_.end(), 0);
   std::fill(scaled_.begin(), scaled_.end(), 0);

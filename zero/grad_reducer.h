@@ -40,6 +40,7 @@ class GradReducer final : public Reducer {
   // boundary backward.
   void grad_ready(int64_t index, const at::Tensor& grad) override;
   void finish() override;
+  void abort() override;
   void zero_grad() override;
   int64_t num_buckets() const override { return int64_t(buckets_.size()); }
   int64_t num_params() const override { return int64_t(plan_.bucket_of_param.size()); }

@@ -280,6 +280,11 @@ void ZeroOptimizer::after_backward(bool accumulation_boundary) {
   if (coordinator_) coordinator_->release_all();
 }
 
+void ZeroOptimizer::abort_backward() {
+  reducer_->abort();
+  if (coordinator_) coordinator_->abandon_iteration();
+}
+
 ParamCoordinator& ZeroOptimizer::coordinator() {
   ZS_CHECK(coordinator_, "ZeroOptimizer::coordinator: only stage 3 partitions parameters");
   return *coordinator_;

@@ -63,6 +63,10 @@ class ZeroOptimizer {
   // Called when backward returns: reduces what this stage reduces after this backward (stages
   // 0/1 at the accumulation boundary only, stage 2 every micro-step) and waits for it.
   void after_backward(bool accumulation_boundary);
+  // Instead of after_backward when backward raised: finishes the collectives it started, drops
+  // its half-done reduction state and releases gathered parameters. The micro-step's gradients
+  // that were already reduced stay until zero_grad.
+  void abort_backward();
   bool keeps_full_grads() const { return strategy_->keeps_full_grads(); }
   bool partitions_params() const { return strategy_->partitions_params(); }
   // Stage 3 only: the parameter coordinator the engine's module hooks drive.

@@ -225,7 +225,7 @@ void ParamCoordinator::write_back(int64_t param_index) {
   groups_[size_t(p.group)]->write_chunk(p.index, p.tensor, comm_->rank());
 }
 
-void ParamCoordinator::release_all() {
+void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
   for (auto& m : modules_) m.backward_fetches = 0;
@@ -234,6 +234,15 @@ void ParamCoordinator::release_all() {
     p.grad_done = false;
     if (p.gathered && !p.persistent) drop(p);
   }
+}
+
+void ParamCoordinator::abandon_iteration() {
+  release_gathered();
+  trace_.abandon_iteration();
+}
+
+void ParamCoordinator::release_all() {
+  release_gathered();
   if (!trace_.end_iteration()) {
     std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order differed from the "
                  "recorded one this iteration; recording it again\n", comm_->rank());

@@ -48,6 +48,9 @@ class ParamCoordinator {
   void write_back(int64_t param_index);
   // End of backward: finishes prefetches, releases everything not persistent, closes the trace.
   void release_all();
+  // The same after a forward or backward that raised, except that the unfinished iteration's
+  // order is not taken as the model's (FetchTrace::abandon_iteration).
+  void abandon_iteration();
   // After a step: persistent parameters take their updated values from every rank's chunks.
   void refresh_persistent();
   int64_t live_gathered_numel() const { return live_numel_; }
@@ -58,6 +61,8 @@ class ParamCoordinator {
   int64_t trace_invalidations() const { return trace_.invalidations(); }
 
  private:
+  // Finishes prefetches and releases everything not persistent (release_all, abandon_iteration).
+  void release_gathered();
   struct Param {
     int64_t group = 0, index = 0;   // position in its FlatGroup
     int64_t numel = 0;

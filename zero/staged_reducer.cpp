@@ -112,6 +112,17 @@ void StagedReducer::finish() {
   for (auto& b : buckets_) b.state = Bucket::State::idle;
 }
 
+void StagedReducer::abort() {
+  for (int64_t id : in_flight_) buckets_[size_t(id)].work.wait();
+  in_flight_.clear();
+  for (auto& b : buckets_) {
+    b.state = Bucket::State::idle;
+    b.buffer = -1;
+    b.ready = 0;
+  }
+  std::fill(busy_.begin(), busy_.end(), false);
+}
+
 void StagedReducer::zero_grad() {
   for (FlatGroup* g : groups_) g->zero_grads();  // the owned shards, where gradients accumulate
 }

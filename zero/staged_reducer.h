@@ -25,6 +25,7 @@ class StagedReducer : public Reducer {
   ~StagedReducer() override;
   void grad_ready(int64_t index, const at::Tensor& grad) final;
   void finish() final;
+  void abort() final;
   void zero_grad() final;
   int64_t num_buckets() const final { return int64_t(buckets_.size()); }
   int64_t num_params() const final { return int64_t(plan_.bucket_of_param.size()); }

@@ -116,6 +116,7 @@ void bind_zero(py::module_& m) {
       .def("before_backward", &ZeroOptimizer::before_backward, py::arg("accumulation_boundary"))
       .def("after_backward", &ZeroOptimizer::after_backward, py::arg("accumulation_boundary"),
            py::call_guard<py::gil_scoped_release>())
+      .def("abort_backward", &ZeroOptimizer::abort_backward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)
       .def_property_readonly("partitions_params", &ZeroOptimizer::partitions_params)
       // Stage 3: the engine's module hooks drive the parameter coordinator.

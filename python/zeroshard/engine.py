@@ -242,14 +242,22 @@ class ZeroShardEngine(torch.nn.Module):
         if not loss.requires_grad:
             raise ValueError("backward: the loss does not require grad (was it computed under "
                              "torch.no_grad(), or from detached outputs?)")
-        # Summed on the loss's device; read only when a progress line is printed.
-        self._loss_sum = self._loss_sum + loss.detach().float()
-        self._loss_count += 1
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary()
         self._core.before_backward(boundary)
-        (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
+        try:
+            (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
+        except BaseException as error:
+            # The next backward starts clean; this one's partial gradients stay until zero_grad().
+            # Not after a failed collective: the group is unusable, and waiting on the rest of its
+            # work would only replace the error that names the ranks and the collective.
+            if not isinstance(error, _C.CommError):
+                self._core.abort_backward()
+            raise
         self._core.after_backward(boundary)
+        # Summed on the loss's device; read only when a progress line is printed.
+        self._loss_sum = self._loss_sum + loss.detach().float()
+        self._loss_count += 1
         if boundary and self._core.keeps_full_grads:
             # Parameters that got no gradient in the window: their views were zeroed by the reduction.
             for p, view in zip(self._params, self._grad_views):

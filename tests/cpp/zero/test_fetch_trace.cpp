@@ -40,3 +40,27 @@ TEST_CASE("an iteration that ends early also counts as a change") {
   REQUIRE_FALSE(t.end_iteration());
   REQUIRE(t.mode() == FetchTrace::Mode::record);
 }
+
+TEST_CASE("an abandoned iteration records again while recording and keeps a followed trace") {
+  FetchTrace t;
+  for (int64_t m : {0, 1}) t.on_fetch(m);  // the first iteration's backward raised here
+  t.abandon_iteration();
+  REQUIRE(t.mode() == FetchTrace::Mode::record);
+  for (int64_t m : {0, 1, 2, 1, 0}) t.on_fetch(m);
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.modules() == std::vector<int64_t>{0, 1, 2, 1, 0});
+  for (int64_t m : {0, 1, 2}) REQUIRE(t.on_fetch(m));  // followed, then abandoned part-way
+  t.abandon_iteration();
+  REQUIRE(t.mode() == FetchTrace::Mode::follow);
+  REQUIRE(t.position() == 0);
+  for (int64_t m : {0, 1, 2, 1, 0}) REQUIRE(t.on_fetch(m));
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.invalidations() == 0);
+  t.on_fetch(0);
+  REQUIRE_FALSE(t.on_fetch(2));  // an order change, then abandoned: recorded again whole
+  t.abandon_iteration();
+  REQUIRE(t.mode() == FetchTrace::Mode::record);
+  for (int64_t m : {0, 2}) t.on_fetch(m);
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.modules() == std::vector<int64_t>{0, 2});
+}
