@@ -22,8 +22,8 @@ double ReduceOptions::post_factor(int64_t world_size) const {
 }
 
 GradReducer::GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
-                         const ReduceOptions& options)
-    : comm_(std::move(comm)), opt_(options) {
+                         const ReduceOptions& options, MemoryAccount& memory)
+    : comm_(std::move(comm)), opt_(options), memory_(memory) {
   std::vector<const FlatLayout*> layouts;
   std::vector<int64_t> group_base;
   for (FlatGroup* g : groups) {
@@ -45,6 +45,7 @@ GradReducer::GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<
     b.num_params = spec.num_params();
     if (opt_.comm_dtype != at::ScalarType::Undefined && opt_.comm_dtype != b.grads.scalar_type()) {
       b.comm_buffer = at::empty_like(b.grads, b.grads.options().dtype(opt_.comm_dtype));
+      accounted_bytes_ += b.comm_buffer.nbytes();
     }
     // Only DeepSpeed's default arithmetic (nothing before the sum, 1/world after it) moves the
     // factor before the sum, where it is exact for power-of-two worlds and costs nothing in a copy
@@ -53,7 +54,10 @@ GradReducer::GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<
                    opt_.post_factor(world) != 1.0;
     buckets_.push_back(std::move(b));
   }
+  memory_.add(MemoryCategory::comm_buffers, accounted_bytes_);
 }
+
+GradReducer::~GradReducer() { memory_.release(MemoryCategory::comm_buffers, accounted_bytes_); }
 
 void GradReducer::adopt(int64_t index, const at::Tensor& grad) {
   at::Tensor& view = views_[size_t(index)];

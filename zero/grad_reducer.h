@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/comm.h"
+#include "runtime/memory.h"
 #include "zero/buckets.h"
 #include "zero/flat_group.h"
 #include "zero/reducer.h"
@@ -31,8 +32,11 @@ struct ReduceOptions {
 
 class GradReducer final : public Reducer {
  public:
+  // A communication dtype other than the gradients' gives each bucket a buffer of that dtype,
+  // accounted as comm_buffers in `memory`.
   GradReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
-              const ReduceOptions& options);
+              const ReduceOptions& options, MemoryAccount& memory);
+  ~GradReducer() override;
   void begin_backward(bool accumulation_boundary) override { boundary_ = accumulation_boundary; }
   // Called in every backward. `grad`: autograd's gradient when it is not the flat-buffer view
   // (the first backward since zero_grad, or a script that replaced param.grad), copied into the
@@ -63,6 +67,8 @@ class GradReducer final : public Reducer {
 
   std::shared_ptr<Comm> comm_;
   ReduceOptions opt_;
+  MemoryAccount& memory_;
+  int64_t accounted_bytes_ = 0;
   BucketPlan plan_;
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> views_;  // flat view of each parameter's gradient

@@ -12,8 +12,8 @@ class Stage1 final : public ZeroStrategy {
   bool keeps_full_grads() const override { return true; }
   std::unique_ptr<Reducer> make_reducer(const std::vector<FlatGroup*>& groups,
                                         std::shared_ptr<Comm> comm, const ReduceOptions& options,
-                                        MemoryAccount&) const override {
-    return std::make_unique<GradReducer>(groups, std::move(comm), options);
+                                        MemoryAccount& memory) const override {
+    return std::make_unique<GradReducer>(groups, std::move(comm), options, memory);
   }
   void sync_params(FlatGroup& group, Comm& comm) override { all_gather_updated_params(group, comm); }
 };

@@ -136,6 +136,26 @@ def test_model_state_bytes_match_the_formula(stage, precision, world):
     run_distributed(memory_worker, world, stage, precision)
 
 
+def comm_dtype_memory_worker(stage):
+    import zeroshard
+    world = int(os.environ["WORLD_SIZE"])
+    model = tiny_gpt()
+    cfg = _base_config(bf16={"enabled": True}, communication_data_type="fp32",
+                       zero_optimization={"stage": stage})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    p = sum(t.numel() for t in model.parameters())
+    unit = world * 16
+    return engine.memory_bytes()["comm_buffers"], p, (p + unit - 1) // unit * unit
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_stage_0_1_account_the_communication_dtype_buffers(stage):
+    # bf16 gradients reduced in fp32: every bucket has an fp32 copy of its gradients, held for the
+    # run, so the comm buffers are 4 bytes per flat-buffer element the buckets span.
+    buffers, p, ppad = run_distributed(comm_dtype_memory_worker, 2, stage)[0]
+    assert 4 * p <= buffers <= 4 * ppad, (buffers, p, ppad)
+
+
 def zero3_memory_worker(threshold):
     import zeroshard
     world = int(os.environ["WORLD_SIZE"])
