@@ -299,3 +299,26 @@ def test_a_model_built_without_the_cap_fails_under_it():
             "layers = [nn.Linear(1024, 1024) for _ in range(8)]\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and ("MemoryError" in out.stderr or "alloc" in out.stderr), out.stderr[-500:]
+
+
+# ----- bench/zero3_single.py: the single-process run's prediction against the accounting -----
+
+def test_single_process_prediction_equals_the_runtime_accounting(tmp_path):
+    # The script the single-GPU run uses, at a small size on CPU (a world of one on Gloo): its
+    # formula for the model-state bytes must equal the runtime's own accounting, at rest and at
+    # the peak, with persistent (LayerNorm) and gathered parameters both present.
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "z3.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    subprocess.run([sys.executable, os.path.join(root, "bench", "zero3_single.py"), "--d-model", "64",
+                    "--n-layers", "2", "--n-heads", "2", "--seq-len", "32", "--micro", "2", "--steps", "3",
+                    "--persistence", "100", "--prefetch", "5000", "--json", str(out)],
+                   check=True, timeout=120, env=env, capture_output=True)
+    r = json.loads(out.read_text())
+    assert r["world"] == 1 and r["persistent_elements"] > 0 and r["gathered_peak_bytes"] > 0, r
+    for row in r["rows"]:
+        assert row["predicted"] == row["accounted"], row
+    assert r["loss"][-1] < r["loss"][0], r["loss"]
