@@ -10,13 +10,15 @@ allocator statistics (memory_allocated after the step, max_memory_allocated over
 CPU it is a world of one on Gloo and only the prediction and the runtime's accounting are shown
 (the test suite runs it that way, so the script cannot rot while no GPU is lent).
 
-Prediction, per rank, world N, P = this rank's chunk elements (ceil per tensor), persistent = the
-whole tensors under stage3_param_persistence_threshold:
+Prediction, per rank, world N, P/N = this rank's chunk elements (ceil per tensor), persistent =
+the whole tensors under stage3_param_persistence_threshold:
   at rest after a step   14 P/N bytes (bf16 parameter chunks 2, fp32 master 4, Adam moments 8)
                          + 2 x persistent (kept whole) + the gradient staging buffers
   peak of model state    the same + 2 P/N (the bf16 gradient shard, from backward to the step)
-                         + 2 x the most parameter elements gathered at once (the runtime's peak)
-The measured peak also holds activations and autograd's temporaries; the difference is shown.
+                         + 2 x the most parameter elements gathered at once
+The staging bytes and the most elements gathered at once are read from the runtime (they depend
+on the bucket plan and the fetch order); the formula predicts the rest. The measured peak also
+holds activations and autograd's temporaries; the difference is shown.
 """
 import argparse
 import json
@@ -74,6 +76,7 @@ def run(a):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     engine._core.reset_gathered_peak()
+    engine._core.memory.reset_peaks()
     times = []
     for step in range(1, a.steps):
         t = time.perf_counter()

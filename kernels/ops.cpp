@@ -232,8 +232,16 @@ void scale_copy(at::Tensor dst, const at::Tensor& src, double scale) {
     return;
   }
   at::Tensor out = dst.view(-1);
-  if (scale == 1.0) out.copy_(flat);
-  else at::mul_out(out, flat, scale);
+  if (scale == 1.0) {
+    out.copy_(flat);
+  } else if (out.scalar_type() == flat.scalar_type()) {
+    at::mul_out(out, flat, scale);
+  } else if (out.element_size() > flat.element_size()) {
+    out.copy_(flat);  // widened first, so the product is rounded once, in dst's type
+    out.mul_(scale);
+  } else {
+    out.copy_(flat * scale);  // the product in the wider source type, rounded once into dst's
+  }
 }
 
 const char* cpu_isa_name() { return kernels::isa_name(kernels::cpu_isa()); }

@@ -26,7 +26,8 @@ void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg,
 kernels::GradStats grad_stats(const at::Tensor& grad);
 
 // dst = src * scale (scale 1: a copy) for tensors of equal numel; dst contiguous. fp32 CPU tensors
-// use the streaming kernel (kernels::scale_copy), anything else ATen.
+// use the streaming kernel (kernels::scale_copy), anything else ATen, computing in the wider of
+// the two dtypes and rounding once into dst's.
 void scale_copy(at::Tensor dst, const at::Tensor& src, double scale);
 
 // Name of the CPU ISA the kernels use now ("avx512", "avx2", "scalar").

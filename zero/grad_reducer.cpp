@@ -147,11 +147,14 @@ void GradReducer::finish() {
 }
 
 void GradReducer::abort() {
+  // Reset first, so a wait that throws leaves no half-reset state behind.
+  std::vector<Bucket*> started;
   for (auto& b : buckets_) {
-    if (b.state == Bucket::State::in_flight) b.work.wait();
+    if (b.state == Bucket::State::in_flight) started.push_back(&b);
     b.ready = 0;
     b.state = Bucket::State::idle;
   }
+  for (Bucket* b : started) b->work.wait();
 }
 
 void GradReducer::zero_grad() {

@@ -48,8 +48,8 @@ class ParamCoordinator {
   void write_back(int64_t param_index);
   // End of backward: finishes prefetches, releases everything not persistent, closes the trace.
   void release_all();
-  // The same after a forward or backward that raised, except that the unfinished iteration's
-  // order is not taken as the model's (FetchTrace::abandon_iteration).
+  // The same after a backward that raised, except that the unfinished iteration's order is not
+  // taken as the model's (FetchTrace::abandon_iteration).
   void abandon_iteration();
   // After a step: persistent parameters take their updated values from every rank's chunks.
   void refresh_persistent();

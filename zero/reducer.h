@@ -17,9 +17,10 @@ class Reducer {
   virtual void grad_ready(int64_t index, const at::Tensor& grad) = 0;
   // After backward: starts every bucket not started (parameters with no gradient), waits for all.
   virtual void finish() = 0;
-  // After a backward that raised: waits for the reductions it started (the ranks that issued them
-  // need them finished too) and forgets its half-filled buckets, so the next backward starts
-  // clean. What was already reduced stays in the gradients until zero_grad.
+  // After a backward that raised: forgets its half-filled buckets, so the next backward starts
+  // clean, and waits for the reductions it started (the backend may still be using their
+  // buffers, which the next backward reuses). What was already reduced stays in the gradients
+  // until zero_grad.
   virtual void abort() = 0;
   // The gradients this reducer keeps start again from zero (at the step, or the script's zero_grad).
   virtual void zero_grad() = 0;

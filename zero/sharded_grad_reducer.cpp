@@ -36,7 +36,8 @@ void ShardedGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, 
   const int64_t end = std::min(own.end, b.spec.offset + b.spec.numel);
   if (end <= begin) return;
   at::Tensor shard = g.owned_grads().narrow(0, begin - own.begin, end - begin);
-  shard.add_(reduced.narrow(0, begin - b.spec.offset, end - begin).to(shard.scalar_type()), scale);
+  // Mixed dtypes add in the wider one, rounding once into the shard's.
+  shard.add_(reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
 }
 
 }  // namespace zeroshard

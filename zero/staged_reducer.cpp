@@ -113,14 +113,16 @@ void StagedReducer::finish() {
 }
 
 void StagedReducer::abort() {
-  for (int64_t id : in_flight_) buckets_[size_t(id)].work.wait();
-  in_flight_.clear();
+  // Reset first, so a wait that throws leaves no half-reset state behind.
+  std::vector<int64_t> started;
+  started.swap(in_flight_);
   for (auto& b : buckets_) {
     b.state = Bucket::State::idle;
     b.buffer = -1;
     b.ready = 0;
   }
   std::fill(busy_.begin(), busy_.end(), false);
+  for (int64_t id : started) buckets_[size_t(id)].work.wait();
 }
 
 void StagedReducer::zero_grad() {

@@ -90,6 +90,7 @@ void bind_runtime(py::module_& m) {
         }
         return d;
       })
+      .def("reset_peaks", &MemoryAccount::reset_peaks)
       .def_property_readonly("total_bytes", &MemoryAccount::total_bytes)
       .def("summary", &MemoryAccount::summary);
 }

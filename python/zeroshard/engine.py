@@ -252,7 +252,11 @@ class ZeroShardEngine(torch.nn.Module):
             # Not after a failed collective: the group is unusable, and waiting on the rest of its
             # work would only replace the error that names the ranks and the collective.
             if not isinstance(error, _C.CommError):
-                self._core.abort_backward()
+                try:
+                    self._core.abort_backward()
+                except Exception as cleanup:
+                    # The backward's own error is the one to see; the clean-up's goes with it.
+                    error.add_note(f"[zeroshard] cleaning up after it also failed: {cleanup}")
             raise
         self._core.after_backward(boundary)
         # Summed on the loss's device; read only when a progress line is printed.

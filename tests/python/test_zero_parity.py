@@ -237,6 +237,14 @@ def test_variant_parity_stage2_3_world2(name, stage):
     run_distributed(parity_worker, 2, model_name, stage, "fp32", 2, optimizer, clip, 500, STEPS, extra)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_comm_dtype_parity_stage2_3_world2(stage):
+    # bf16 gradients reduced in fp32: the reduced part is copied (first micro-step) and added
+    # (second) into the bf16 shard across dtypes.
+    run_distributed(parity_worker, 2, "gpt", stage, "bf16", 2, ADAMW, 0.0, 500, STEPS,
+                    {"communication_data_type": "fp32"})
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_fp16_parity_world2(stage):
     """fp16 with dynamic loss scaling (initial scale 2^8, so steps really are scaled and unscaled)."""
