@@ -47,6 +47,18 @@ void bind_runtime(py::module_& m) {
       .def("recent_collectives", [](const Comm& c) { return c.recorder().summary(); })
       .def("all_reduce", [](Comm& c, at::Tensor t, const std::string& what) { c.all_reduce(t, what).wait(); },
            py::arg("tensor"), py::arg("what") = "python", py::call_guard<py::gil_scoped_release>())
+      // Sums a few numbers over ranks (the progress line's loss). The tensor is made here, so it
+      // has no Python object: Gloo's worker thread may drop its last reference after the
+      // interpreter has begun to exit, and for a tensor made in Python that needs the GIL there,
+      // which ends the thread inside a noexcept frame (std::terminate; seen at the end of runs).
+      .def("all_reduce_values",
+           [](Comm& c, const std::vector<double>& values, const std::string& device, const std::string& what) {
+             at::Tensor t = at::tensor(values, at::kDouble).to(at::Device(device));
+             c.all_reduce(t, what).wait();
+             t = t.cpu();
+             return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+           },
+           py::arg("values"), py::arg("device"), py::arg("what"), py::call_guard<py::gil_scoped_release>())
       .def("all_reduce_max", [](Comm& c, at::Tensor t, const std::string& what) { c.all_reduce_max(t, what).wait(); },
            py::arg("tensor"), py::arg("what") = "python", py::call_guard<py::gil_scoped_release>())
       .def("reduce_scatter",

@@ -293,12 +293,12 @@ class ZeroShardEngine(torch.nn.Module):
         every = self._settings["steps_per_print"]
         if not every or self.global_steps % every != 0:
             return
-        # Mean loss over ranks and micro-steps since the last line (one small all-reduce).
-        t = torch.stack([torch.as_tensor(self._loss_sum, dtype=torch.float64, device=self.device),
-                         torch.tensor(float(self._loss_count), dtype=torch.float64, device=self.device)])
+        # Mean loss over ranks and micro-steps since the last line (one small all-reduce, on a
+        # tensor made in C++: see Comm.all_reduce_values).
+        total, count = float(self._loss_sum), float(self._loss_count)
         if self.world_size > 1:
-            dist.all_reduce(t)
-        loss = (t[0] / max(t[1], 1.0)).item()
+            total, count = self._comm.all_reduce_values([total, count], str(self.device), "progress line")
+        loss = total / max(count, 1.0)
         now = time.perf_counter()
         samples = (self.global_steps - self._print_step0) * self._train_batch_size
         rate = samples / max(now - self._print_t0, 1e-9)

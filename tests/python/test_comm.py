@@ -82,6 +82,7 @@ def test_collectives(world, with_store, debug):
         c.reduce_scatter(out, inp, "reduce_scatter")
         assert torch.equal(out, torch.arange(4 * r, 4 * r + 4, dtype=torch.float32) * world
                            + world * (world - 1) / 2)
+        assert c.all_reduce_values([r + 1.0, 0.5], "cpu", "values") == [world * (world + 1) / 2, 0.5 * world]
         buf = torch.arange(4 * world, dtype=torch.float32) + r
         c.reduce_scatter_in_place(buf, "reduce_scatter_in_place")
         assert torch.equal(buf[4 * r:4 * r + 4], out)  # this rank's part: the reduce-scatter's result
@@ -96,7 +97,7 @@ def test_collectives(world, with_store, debug):
         c.barrier("end")
         return c.sequence
     sequences = on_ranks(world, body, with_store, debug)
-    assert len(set(sequences)) == 1 and sequences[0] == 8  # one number per collective, same on all
+    assert len(set(sequences)) == 1 and sequences[0] == 9  # one number per collective, same on all
 
 
 def test_shape_errors_name_the_collective_and_sizes():
