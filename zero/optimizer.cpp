@@ -20,8 +20,9 @@ constexpr int64_t kAlignmentNumel = 16;
 // cap is 25 MiB, 6.5M fp32 elements; that cap measured no faster here, 19 buckets instead of 4.)
 // Stages 2-3 stage each bucket in buffers of its size, so their cap also bounds that memory: 8M
 // elements in all, about one transformer layer of a 100M model, in one buffer, or with
-// overlap_comm in two of 4M (a larger parameter gets a bucket of its own size). (On the 100M GPT of bench/zero_step.py two of 8M put stage 3's peak
-// heap rise level with FSDP2's, 1.00; two of 4M at 0.97; see bench/RESULTS.md.)
+// overlap_comm in two of 4M (a larger parameter gets a bucket of its own size). On the 100M GPT
+// of bench/zero_step.py, two of 8M put stage 3's peak heap rise level with FSDP2's (1.00), two of
+// 4M at 0.97 (bench/RESULTS.md).
 constexpr int64_t kInPlaceBucketNumel = 25000000;
 constexpr int64_t kStagedBucketNumel = 8000000;
 
