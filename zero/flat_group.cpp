@@ -35,14 +35,20 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
                      MemoryAccount& memory)
     : full_grads_(spec.full_grads && !spec.partition_params),
       partitioned_(spec.partition_params),
+      trainable_(spec.trainable),
       memory_(memory) {
-  ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no trainable parameters");
-  const bool prechunked = !spec.prechunked_shapes.empty();
-  ZS_CHECK(!prechunked || (spec.partition_params && spec.prechunked_shapes.size() == params.size()),
-           "FlatGroup: pre-partitioned parameters (zero.Init) need stage 3 and one shape each");
+  ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no parameters");
+  ZS_CHECK(trainable_ || partitioned_, "FlatGroup: only stage 3 keeps frozen parameters in a group");
+  const auto& chunked = spec.prechunked_shapes;
+  ZS_CHECK(chunked.empty() || chunked.size() == params.size(), "FlatGroup: ", chunked.size(),
+           " chunk shapes for ", params.size(), " parameters");
+  ZS_CHECK(spec.partition_params ||
+               std::none_of(chunked.begin(), chunked.end(), [](const auto& c) { return c.has_value(); }),
+           "FlatGroup: pre-partitioned parameters (zero.Init) need stage 3");
+  const auto is_chunk = [&](size_t i) { return !chunked.empty() && chunked[i].has_value(); };
   std::vector<int64_t> numels;
   for (size_t i = 0; i < params.size(); ++i) {
-    shapes_.push_back(prechunked ? spec.prechunked_shapes[i] : params[i].sizes().vec());
+    shapes_.push_back(is_chunk(i) ? *chunked[i] : params[i].sizes().vec());
     int64_t n = 1;
     for (int64_t d : shapes_.back()) n *= d;
     numels.push_back(n);
@@ -52,7 +58,8 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   chunks_ = make_chunk_layout(numels, world);
   const auto opts = params[0].options().dtype(spec.model_dtype);
   const auto fp32 = params[0].options().dtype(at::kFloat);
-  const bool mixed = spec.model_dtype != at::kFloat;
+  // Frozen parameters need no fp32 copy: nothing updates them.
+  const bool mixed = spec.model_dtype != at::kFloat && trainable_;
   // Zero-filled so padding never carries garbage into norms or collectives.
   if (partitioned_) {
     owned_ = {0, chunks_.shard_numel};
@@ -61,10 +68,10 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t held = chunks_.held_numel(int64_t(i), rank);
       if (held == 0) continue;
-      ZS_CHECK(!prechunked || params[i].numel() == chunks_.chunks[i], "FlatGroup: parameter ", i,
+      ZS_CHECK(!is_chunk(i) || params[i].numel() == chunks_.chunks[i], "FlatGroup: parameter ", i,
                " holds ", params[i].numel(), " elements, expected its chunk of ", chunks_.chunks[i]);
-      at::Tensor mine = prechunked ? params[i].reshape(-1).narrow(0, 0, held)
-                                   : params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
+      at::Tensor mine = is_chunk(i) ? params[i].reshape(-1).narrow(0, 0, held)
+                                    : params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
       params_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
       if (mixed) master_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
     }
@@ -86,7 +93,7 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   }
   grad_options_ = opts;
   if (partitioned_) {
-    segment_grads({0});  // allocated by backward
+    if (trainable_) segment_grads({0});  // allocated by backward; a frozen group has none
   } else {
     grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
   }
@@ -146,7 +153,8 @@ at::Tensor FlatGroup::owned_grads() const {
 }
 
 void FlatGroup::segment_grads(std::vector<int64_t> begins) {
-  ZS_CHECK(partitioned_, "FlatGroup::segment_grads: only stage 3 keeps gradients in segments");
+  ZS_CHECK(partitioned_ && trainable_,
+           "FlatGroup::segment_grads: only stage 3's trainable groups keep gradients in segments");
   std::sort(begins.begin(), begins.end());
   begins.erase(std::unique(begins.begin(), begins.end()), begins.end());
   ZS_CHECK(!begins.empty() && begins.front() == 0 && begins.back() < std::max<int64_t>(owned_.numel(), 1),

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,10 @@
 namespace zeroshard {
 
 enum class OptimizerKind { adam, sgd, adagrad, lion };
+
+// A tensor's full shape when the caller passes only this rank's ZeRO-3 chunk of it (built under
+// zero.Init); nullopt when the tensor is whole.
+using ChunkedShape = std::optional<std::vector<int64_t>>;
 
 OptimizerKind optimizer_kind(const std::string& canonical_type);
 
@@ -26,16 +31,21 @@ struct GroupSpec {
   bool shard_state = false;       // stages 1-3: master weights and optimizer state are sharded
   bool full_grads = true;         // stages 0-1: full flat gradients; else only the owned shard
   bool partition_params = false;  // stage 3: only this rank's chunks of each parameter are kept
+  // false: frozen parameters (stage 3 partitions them too): chunks only, no gradients, no master
+  // copy, no optimizer state.
+  bool trainable = true;
   OptimizerKind kind = OptimizerKind::adam;
   double initial_accumulator_value = 0.0;
-  // zero.Init: the tensors passed in are already this rank's chunks; these are their full shapes.
-  std::vector<std::vector<int64_t>> prechunked_shapes;
+  // zero.Init: empty, or one entry per tensor: the full shape of a tensor passed in as this
+  // rank's chunk, nullopt for one passed whole (created outside zero.Init).
+  std::vector<ChunkedShape> prechunked_shapes;
 };
 
 class FlatGroup {
  public:
-  // `params` are the group's trainable tensors in fp32 (their values seed the master copy); the
-  // buffers are created in spec.model_dtype on the params' device. `owned()` is the range of the
+  // `params` are the group's tensors: trainable ones in fp32 (their values seed the master copy),
+  // frozen ones in any floating dtype; the buffers are created in spec.model_dtype on the params'
+  // device. `owned()` is the range of the
   // buffer whose optimizer state lives on this rank: a slice of the padded flat buffer (stages
   // 0-2), or this rank's whole chunk shard (stage 3, see ChunkLayout).
   FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec, MemoryAccount& memory);
@@ -45,6 +55,7 @@ class FlatGroup {
 
   const FlatLayout& layout() const { return layout_; }
   bool partitioned() const { return partitioned_; }
+  bool trainable() const { return trainable_; }
   const ChunkLayout& chunk_layout() const { return chunks_; }
   int64_t num_tensors() const { return int64_t(shapes_.size()); }
   const std::vector<int64_t>& shape(int64_t i) const { return shapes_[size_t(i)]; }
@@ -101,6 +112,7 @@ class FlatGroup {
   ShardRange owned_;
   bool full_grads_;
   bool partitioned_;
+  bool trainable_;
   at::Tensor params_;
   at::Tensor grads_;                      // stages 0-2
   at::TensorOptions grad_options_;

@@ -52,7 +52,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
                              const OptimizerConfig& optimizer,
                              const std::vector<std::vector<at::Tensor>>& groups,
                              at::ScalarType model_dtype,
-                             const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes)
+                             const std::vector<std::vector<ChunkedShape>>& prechunked_shapes,
+                             const std::vector<at::Tensor>& frozen,
+                             const std::vector<ChunkedShape>& frozen_shapes)
     : comm_(std::move(comm)),
       config_(config),
       optimizer_(optimizer),
@@ -75,15 +77,11 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
            "ZeroOptimizer: ", prechunked_shapes.size(), " shape lists for ", groups.size(), " groups");
   std::vector<FlatGroup*> raw;
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (prechunked_shapes.empty()) {
-      broadcast_from_rank0(groups[g]);
-      groups_.push_back(std::make_unique<FlatGroup>(groups[g], spec, memory_));
-    } else {
-      // zero.Init already took rank 0's values when it partitioned each parameter.
-      GroupSpec chunked = spec;
-      chunked.prechunked_shapes = prechunked_shapes[g];
-      groups_.push_back(std::make_unique<FlatGroup>(groups[g], chunked, memory_));
-    }
+    GroupSpec group_spec = spec;
+    if (!prechunked_shapes.empty()) group_spec.prechunked_shapes = prechunked_shapes[g];
+    // zero.Init already took rank 0's values when it partitioned a parameter.
+    broadcast_from_rank0(groups[g], group_spec.prechunked_shapes);
+    groups_.push_back(std::make_unique<FlatGroup>(groups[g], group_spec, memory_));
     raw.push_back(groups_.back().get());
   }
   ReduceOptions ro;
@@ -98,13 +96,29 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ro.comm_dtype = comm_dtype(config.communication_data_type);
   reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
   if (strategy_->partitions_params()) {
-    coordinator_ = std::make_unique<ParamCoordinator>(raw, comm_, config.zero_optimization, memory_);
+    std::vector<FlatGroup*> gathered = raw;
+    if (!frozen.empty()) {
+      // After the trainable groups, so the coordinator's indices of the trainable tensors are
+      // the reducer's.
+      GroupSpec frozen_spec = spec;
+      frozen_spec.trainable = false;
+      frozen_spec.prechunked_shapes = frozen_shapes;
+      frozen_ = std::make_unique<FlatGroup>(frozen, frozen_spec, memory_);
+      gathered.push_back(frozen_.get());
+    }
+    coordinator_ =
+        std::make_unique<ParamCoordinator>(gathered, comm_, config.zero_optimization, memory_);
   }
   group_steps_.assign(groups_.size(), 0);
 }
 
-void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& params) {
+void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
+                                         const std::vector<ChunkedShape>& chunked) {
   if (comm_->world_size() == 1) return;
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (chunked.empty() || !chunked[i].has_value()) params.push_back(all[i]);
+  }
   // Every rank starts from rank 0's fp32 values (as DeepSpeed broadcasts the model at start), so
   // master weights seeded locally agree everywhere. The values are overwritten in place, a bucket
   // of tensors at a time: a flat copy of the whole model would raise the set-up peak by its size.

@@ -1,4 +1,4 @@
-// The ZeRO optimizer (stages 0-2): owns the flat groups, the gradient reducer, the loss scaler and
+// The ZeRO optimizer (stages 0-3): owns the flat groups, the gradient reducer, the loss scaler and
 // the per-rank memory account, and runs the sharded step at the accumulation boundary.
 // Python's engine forwards gradient-hook events and step() calls here.
 #pragma once
@@ -40,11 +40,16 @@ class ZeroOptimizer {
  public:
   // `groups`: each parameter group's trainable tensors with their current (fp32) values.
   // `optimizer`: the config's optimizer block, or the one a client torch optimizer maps to.
-  // `prechunked_shapes` (zero.Init): per group, the full shapes of tensors that `groups` already
-  // hold as this rank's ZeRO-3 chunks; empty when the tensors are whole.
+  // `prechunked_shapes` (zero.Init): empty when every tensor is whole, else one entry per tensor
+  // of each group, the full shape of a tensor held as this rank's ZeRO-3 chunk (nullopt if whole).
+  // `frozen`: the model's parameters without gradients, in the model dtype, already equal on
+  // every rank, with `frozen_shapes` like prechunked_shapes. Stage 3 partitions them and gathers
+  // them with the rest; the other stages leave them where they are.
   ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config, const OptimizerConfig& optimizer,
                 const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType model_dtype,
-                const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes = {});
+                const std::vector<std::vector<ChunkedShape>>& prechunked_shapes = {},
+                const std::vector<at::Tensor>& frozen = {},
+                const std::vector<ChunkedShape>& frozen_shapes = {});
   // Groups and reducers hold a reference to memory_: the object never moves.
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -91,8 +96,10 @@ class ZeroOptimizer {
   std::pair<bool, double> inspect_gradients();
   // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
   double global_sum_sq(double local_sum_sq);
-  // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32).
-  void broadcast_from_rank0(const std::vector<at::Tensor>& params);
+  // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32), except
+  // those that `chunked` marks as already partitioned from rank 0's values.
+  void broadcast_from_rank0(const std::vector<at::Tensor>& params,
+                            const std::vector<ChunkedShape>& chunked);
   // sum_sq, when not null, has the owned gradients' sum of squares added (+inf for inf/nan); only
   // Adam computes it in its own pass.
   void apply(FlatGroup& g, int64_t group_index, const GroupHyper& h, double grad_scale,
@@ -104,6 +111,7 @@ class ZeroOptimizer {
   MemoryAccount memory_;
   std::unique_ptr<ZeroStrategy> strategy_;
   std::vector<std::unique_ptr<FlatGroup>> groups_;
+  std::unique_ptr<FlatGroup> frozen_;  // stage 3 with frozen parameters
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
   LossScaler scaler_;

@@ -30,6 +30,7 @@ ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_p
       p.index = i;
       p.numel = groups_[g]->chunk_layout().numels[size_t(i)];
       p.persistent = p.numel < persistence_threshold_;
+      p.frozen = !groups_[g]->trainable();
       params_.push_back(std::move(p));
     }
   }
@@ -77,7 +78,7 @@ void ParamCoordinator::attach(const std::vector<at::Tensor>& params) {
   gather(persistent);
 }
 
-void ParamCoordinator::register_module(int64_t module_id, const std::vector<int64_t>& param_indices) {
+bool ParamCoordinator::register_module(int64_t module_id, const std::vector<int64_t>& param_indices) {
   ZS_CHECK(module_id >= 0, "ParamCoordinator::register_module: negative module id");
   if (size_t(module_id) >= modules_.size()) modules_.resize(size_t(module_id) + 1);
   Module& m = modules_[size_t(module_id)];
@@ -86,8 +87,12 @@ void ParamCoordinator::register_module(int64_t module_id, const std::vector<int6
              i, " is outside 0..", params_.size() - 1);
     m.params.push_back(i);
     params_[size_t(i)].modules.push_back(module_id);
-    if (!params_[size_t(i)].persistent) m.numel += params_[size_t(i)].numel;
+    const Param& p = params_[size_t(i)];
+    if (p.persistent) continue;
+    m.numel += p.numel;
+    m.watches_inputs = m.watches_inputs || p.frozen;
   }
+  return m.watches_inputs;
 }
 
 void ParamCoordinator::check_module(int64_t module_id) const {
@@ -207,16 +212,34 @@ void ParamCoordinator::prefetch() {
 void ParamCoordinator::grad_done(int64_t param_index) {
   Param& done = params_.at(size_t(param_index));
   done.grad_done = true;
-  // A module gathered for backward is released once all its parameters have their gradients:
-  // autograd accumulates a parameter's gradient only after every use of it ran backward.
-  for (int64_t mid : done.modules) {
-    Module& m = modules_[size_t(mid)];
-    if (m.backward_fetches == 0) continue;
-    const bool all = std::all_of(m.params.begin(), m.params.end(),
-                                 [&](int64_t i) { return params_[size_t(i)].grad_done; });
-    if (!all) continue;
-    for (; m.backward_fetches > 0; --m.backward_fetches) release(mid);
-  }
+  for (int64_t mid : done.modules) maybe_release_after_backward(mid);
+}
+
+void ParamCoordinator::expect_input_grads(int64_t module_id) {
+  check_module(module_id);
+  ++modules_[size_t(module_id)].input_grads_expected;
+}
+
+void ParamCoordinator::input_grads_done(int64_t module_id) {
+  check_module(module_id);
+  ++modules_[size_t(module_id)].input_grads_produced;
+  maybe_release_after_backward(module_id);
+}
+
+void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
+  Module& m = modules_[size_t(mid)];
+  if (m.backward_fetches == 0) return;
+  // Autograd accumulates a trainable parameter's gradient only after every use of it ran
+  // backward. A frozen parameter's uses feed only the gradients of the module's inputs, so those
+  // are final after them, for every forward of the module that needed them (a module called
+  // twice has two).
+  const bool grads = std::all_of(m.params.begin(), m.params.end(), [&](int64_t i) {
+    const Param& p = params_[size_t(i)];
+    return p.frozen || p.grad_done;
+  });
+  if (!grads) return;
+  if (m.watches_inputs && m.input_grads_produced < m.input_grads_expected) return;
+  for (; m.backward_fetches > 0; --m.backward_fetches) release(mid);
 }
 
 void ParamCoordinator::write_back(int64_t param_index) {
@@ -228,7 +251,7 @@ void ParamCoordinator::write_back(int64_t param_index) {
 void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
-  for (auto& m : modules_) m.backward_fetches = 0;
+  for (auto& m : modules_) m.backward_fetches = m.input_grads_expected = m.input_grads_produced = 0;
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;
@@ -252,7 +275,8 @@ void ParamCoordinator::release_all() {
 void ParamCoordinator::refresh_persistent() {
   std::vector<int64_t> persistent;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].persistent) {
+    // Frozen values do not change in a step.
+    if (params_[i].persistent && !params_[i].frozen) {
       persistent.push_back(int64_t(i));
       if (params_[i].gathered) drop(params_[i]);
     }

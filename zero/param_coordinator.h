@@ -3,6 +3,10 @@
 // in forward and again in backward. Parameters under stage3_param_persistence_threshold elements
 // stay whole on every rank. The Python engine's module hooks call fetch/release; gradient hooks
 // report grad_done so a module gathered for backward is released once its gradients exist.
+// Frozen parameters (a group that is not trainable) are partitioned and gathered the same way;
+// as they get no gradients, a module holding them is released after its backward once the
+// gradients of its inputs exist (input_grads_done), which autograd computes after every use of
+// the module's parameters that backward needs.
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
 // prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
@@ -36,11 +40,16 @@ class ParamCoordinator {
   // The model's trainable Parameters in global index order (groups in order). Persistent ones
   // get their full values; the rest are released (their storage becomes empty).
   void attach(const std::vector<at::Tensor>& params);
-  void register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
+  // Returns whether the module holds frozen parameters that are gathered and released: then
+  // its hooks report each forward whose inputs need gradients (expect_input_grads) and when
+  // backward has computed those gradients (input_grads_done).
+  bool register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
   // Gathers the module's parameters that are not already available, then prefetches ahead.
   void fetch(int64_t module_id, bool for_backward);
   void release(int64_t module_id);
   void grad_done(int64_t param_index);
+  void expect_input_grads(int64_t module_id);
+  void input_grads_done(int64_t module_id);
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
   // taking a gathered parameter's (edited) full values back into this rank's chunks.
   void fetch_params(const std::vector<int64_t>& param_indices);
@@ -73,6 +82,7 @@ class ParamCoordinator {
     c10::Storage storage;
     int64_t refs = 0;
     bool persistent = false;
+    bool frozen = false;            // no gradient: grad_done never comes
     bool gathered = false;
     int64_t in_flight = -1;         // id of the async gather bringing it, or -1
     bool prefetched = false;        // gathered ahead by prefetch(), its module not yet fetched
@@ -83,6 +93,10 @@ class ParamCoordinator {
     std::vector<int64_t> params;
     int64_t numel = 0;
     int64_t backward_fetches = 0;
+    bool watches_inputs = false;    // holds frozen parameters that are not persistent
+    // This iteration's forwards whose inputs need gradients, and how many of those inputs'
+    // gradients backward has produced.
+    int64_t input_grads_expected = 0, input_grads_produced = 0;
   };
   // One async gather of several parameters of one group. A large parameter is all-gathered
   // straight into its own padded full tensor (no staging copy, so a gather never needs more than
@@ -105,6 +119,8 @@ class ParamCoordinator {
   void make_room(int64_t numel);
   bool reused_soon(int64_t param) const;
   void unused(Param& p);
+  // Releases the module's backward gathers once its backward has no more use for them.
+  void maybe_release_after_backward(int64_t module_id);
   void drop(Param& p);
   // Where a gathered (or in-flight) parameter's bytes are accounted, and how many.
   static MemoryCategory category(const Param& p);

@@ -96,15 +96,19 @@ void bind_zero(py::module_& m) {
       .def(py::init([](std::shared_ptr<Comm> comm, std::shared_ptr<Config> config,
                        const py::dict& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
                        at::ScalarType dtype,
-                       const std::vector<std::vector<std::vector<int64_t>>>& prechunked_shapes) {
+                       const std::vector<std::vector<ChunkedShape>>& prechunked_shapes,
+                       const std::vector<at::Tensor>& frozen,
+                       const std::vector<ChunkedShape>& frozen_shapes) {
              const OptimizerConfig oc = optimizer_from_dict(optimizer);
              py::gil_scoped_release release;
              return std::make_shared<ZeroOptimizer>(std::move(comm), *config, oc, groups, dtype,
-                                                    prechunked_shapes);
+                                                    prechunked_shapes, frozen, frozen_shapes);
            }),
            py::arg("comm"), py::arg("config"), py::arg("optimizer"), py::arg("groups"),
            py::arg("model_dtype"),
-           py::arg("prechunked_shapes") = std::vector<std::vector<std::vector<int64_t>>>{})
+           py::arg("prechunked_shapes") = std::vector<std::vector<ChunkedShape>>{},
+           py::arg("frozen") = std::vector<at::Tensor>{},
+           py::arg("frozen_shapes") = std::vector<ChunkedShape>{})
       .def("param_views", &ZeroOptimizer::param_views)
       .def("grad_views", &ZeroOptimizer::grad_views)
       .def("grad_ready",
@@ -125,9 +129,15 @@ void bind_zero(py::module_& m) {
            py::arg("params"), py::call_guard<py::gil_scoped_release>())
       .def("register_module",
            [](ZeroOptimizer& o, int64_t id, const std::vector<int64_t>& params) {
-             o.coordinator().register_module(id, params);
+             return o.coordinator().register_module(id, params);
            },
            py::arg("module_id"), py::arg("param_indices"))
+      .def("expect_input_grads",
+           [](ZeroOptimizer& o, int64_t id) { o.coordinator().expect_input_grads(id); },
+           py::arg("module_id"))
+      .def("input_grads_done",
+           [](ZeroOptimizer& o, int64_t id) { o.coordinator().input_grads_done(id); },
+           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
       .def("fetch", [](ZeroOptimizer& o, int64_t id, bool bwd) { o.coordinator().fetch(id, bwd); },
            py::arg("module_id"), py::arg("for_backward") = false,
            py::call_guard<py::gil_scoped_release>())

@@ -143,37 +143,43 @@ class ZeroShardEngine(torch.nn.Module):
     def _build_core(self, spec, groups):
         trainable_ids = {id(p) for _, ps in groups for p in ps}
         fp32_values = [[p.detach().to(torch.float32) for p in ps] for _, ps in groups]
-        # Frozen parameters and buffers follow rank 0 too (trainable ones are broadcast in C++).
+        # Frozen parameters of a floating dtype: stage 3 partitions them too (in C++). Trainable
+        # ones outside the optimizer's groups and integer ones stay whole.
+        frozen = [p for p in self.module.parameters()
+                  if not p.requires_grad and p.is_floating_point() and id(p) not in trainable_ids]
+        # Frozen parameters and buffers follow rank 0 too (trainable ones are broadcast in C++;
+        # chunks from zero.Init already hold rank 0's values).
         with torch.no_grad():
             for t in list(self.module.buffers()) + [p for p in self.module.parameters()
                                                     if id(p) not in trainable_ids]:
-                if self.world_size > 1:
+                if self.world_size > 1 and full_shape(t) is None:
                     dist.broadcast(t.data, 0)
             self.module.to(self.dtype)
-        frozen_chunked = [n for n, p in self.module.named_parameters()
-                          if not p.requires_grad and full_shape(p) is not None]
-        if frozen_chunked:
-            raise ValueError(f"zero.Init: frozen parameters built under zeroshard.zero.Init are not "
-                             f"supported yet ({', '.join(frozen_chunked[:3])}); build them outside "
-                             f"it or keep them trainable")
+        chunked = [n for n, p in self.module.named_parameters() if full_shape(p) is not None]
+        if chunked and self._settings["stage"] != 3:
+            raise ValueError(f"zero.Init: a model built under zeroshard.zero.Init needs "
+                             f"zero_optimization.stage 3 (stage is {self._settings['stage']}); "
+                             f"partitioned parameters: {', '.join(chunked[:3])}")
+        frozen_ids = {id(p) for p in frozen}
+        stray = [n for n, p in self.module.named_parameters()
+                 if full_shape(p) is not None and id(p) not in trainable_ids | frozen_ids]
+        if stray:
+            raise ValueError(f"zero.Init: {', '.join(stray[:3])} were partitioned under "
+                             "zeroshard.zero.Init but are neither in the optimizer's parameter "
+                             "groups nor frozen (requires_grad=False); pass them to the optimizer "
+                             "or freeze them")
         shapes = [[full_shape(p) for p in ps] for _, ps in groups]
-        prechunked = [s is not None for ss in shapes for s in ss]
-        if any(prechunked):
-            # Built under zeroshard.zero.Init: every rank already holds only its chunks.
-            if not all(prechunked) or self._settings["stage"] != 3:
-                raise ValueError("zero.Init: a model built under zeroshard.zero.Init needs "
-                                 "zero_optimization.stage 3 and every trainable parameter created "
-                                 f"inside it (stage is {self._settings['stage']})")
-            self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype,
-                                          [[list(s) for s in ss] for ss in shapes])
-        else:
-            self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype)
+        frozen_shapes = [full_shape(p) for p in frozen]
+        self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype,
+                                      [[None if s is None else list(s) for s in ss] for ss in shapes],
+                                      frozen, [None if s is None else list(s) for s in frozen_shapes])
         self._params = [p for _, ps in groups for p in ps]
         if self._core.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
-            self._core.attach_parameters(self._params)
-            self._zero3_hooks = zero_hooks.install(self._core, self.module, self._params)
-            for i, p in enumerate(self._params):  # for GatheredParameters
+            self._gathered = self._params + frozen
+            self._core.attach_parameters(self._gathered)
+            self._zero3_hooks = zero_hooks.install(self._core, self.module, self._gathered)
+            for i, p in enumerate(self._gathered):  # for GatheredParameters
                 p._zeroshard_core, p._zeroshard_index = self._core, i
         else:
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
@@ -364,7 +370,7 @@ class ZeroShardEngine(torch.nn.Module):
                       "nothing written", self.global_rank)
             return False
         from zeroshard.zero.gathered import GatheredParameters
-        with GatheredParameters(self._params):
+        with GatheredParameters(self._gathered if self._core.partitions_params else self._params):
             state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}

@@ -301,6 +301,27 @@ def test_a_model_built_without_the_cap_fails_under_it():
     assert out.returncode != 0 and ("MemoryError" in out.stderr or "alloc" in out.stderr), out.stderr[-500:]
 
 
+def init_misuse_worker(case):
+    import zeroshard
+    zeroshard.init_distributed()
+    with zeroshard.zero.Init():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    if case == "stage2":
+        with pytest.raises(ValueError, match=r"needs zero_optimization.stage 3 \(stage is 2\)"):
+            zeroshard.initialize(model=model, config=_config(stage=2))
+    else:
+        # The second layer is partitioned, trainable, and left out of the optimizer.
+        with pytest.raises(ValueError, match=r"1.weight, 1.bias were partitioned .* neither in the "
+                                             r"optimizer's parameter groups nor frozen"):
+            zeroshard.initialize(model=model, model_parameters=model[0].parameters(),
+                                 config=_config())
+
+
+@pytest.mark.parametrize("case", ["stage2", "left-out"])
+def test_a_zero_init_model_outside_stage_3_or_the_optimizer_is_refused(case):
+    run_distributed(init_misuse_worker, 2, case)
+
+
 # ----- bench/zero3_single.py: the single-process run's prediction against the accounting -----
 
 def test_single_process_prediction_equals_the_runtime_accounting(tmp_path):

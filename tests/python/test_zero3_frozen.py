@@ -1,0 +1,206 @@
+"""ZeRO-3 with frozen parameters (requires_grad=False), as in LoRA-style fine-tuning: they are
+partitioned and gathered like the trainable ones, released after their module's backward, built
+under zero.Init with adapters added outside it, and saved by save_16bit_model."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness import run_distributed
+
+D, V, RANK_R = 48, 24, 4
+
+
+class LoraLinear(nn.Module):
+    """peft's layout: the frozen base weight is this module's own parameter, beside a trainable
+    bias, and the trainable low-rank adapters are child modules added later."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.d = d
+        self.weight = nn.Parameter(torch.randn(d, d) / d ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(d))
+        # Trainable too: autograd finishes its gradient before the product's backward uses the
+        # frozen weight, so that gradient must not be what releases the module.
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.lora_a = self.lora_b = None
+
+    def add_adapters(self):
+        self.lora_a = nn.Linear(self.d, RANK_R, bias=False)
+        self.lora_b = nn.Linear(RANK_R, self.d, bias=False)
+
+    def forward(self, x):
+        return F.linear(x, self.weight) * self.scale + self.bias + self.lora_b(self.lora_a(x))
+
+
+class FrozenBase(nn.Module):
+    """Frozen modules whose input needs no gradient (emb), whose input does (mid), one called
+    twice (shared), and modules holding frozen and trainable parameters at once (block0/1)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(V, D)
+        self.inp = nn.Linear(D, D)
+        self.block0 = LoraLinear(D)
+        self.mid = nn.Linear(D, D)
+        self.shared = nn.Linear(D, D)
+        self.block1 = LoraLinear(D)
+        self.head = nn.Linear(D, V)
+
+    def to_lora(self):
+        """Freezes the base and adds the adapters, as peft's get_peft_model does."""
+        for m in (self.emb, self.mid, self.shared):
+            m.requires_grad_(False)
+        torch.manual_seed(1)
+        for block in (self.block0, self.block1):
+            block.weight.requires_grad_(False)
+            block.add_adapters()
+        return self
+
+    def frozen_in_backward(self):
+        """Elements of the frozen parameters that backward needs (all but the embedding's)."""
+        return sum(t.numel() for t in (self.block0.weight, self.mid.weight, self.mid.bias,
+                                       self.shared.weight, self.shared.bias, self.block1.weight))
+
+    def forward(self, batch):
+        x, y = batch[:, :-1], batch[:, 1:]
+        h = torch.tanh(self.inp(self.emb(x)))
+        h = torch.tanh(self.block0(h))
+        h = torch.tanh(self.shared(torch.tanh(self.mid(h))))
+        h = torch.tanh(self.block1(h))
+        h = torch.tanh(self.shared(h))
+        return F.cross_entropy(self.head(h).reshape(-1, V), y.reshape(-1))
+
+
+def _batch(step, size):
+    return torch.randint(0, V, (size, 7), generator=torch.Generator().manual_seed(100 + step))
+
+
+def _chunks(params, world):
+    """Elements of this rank's chunks of `params` (every rank holds ceil(numel / world) each)."""
+    return sum((p.numel() + world - 1) // world for p in params)
+
+
+def frozen_worker(use_init, prefetch, save_dir):
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    gas, micro, steps, lr = 2, 2, 10, 1e-3
+    cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
+           "steps_per_print": 1000, "optimizer": {"type": "AdamW", "params": {"lr": lr}},
+           "zero_optimization": {"stage": 3, "reduce_bucket_size": 500,
+                                 "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_reuse_distance": 0,
+                                 "stage3_prefetch_bucket_size": prefetch,
+                                 "stage3_gather_16bit_weights_on_model_save": True}}
+    reference = FrozenBase().to_lora()
+    if use_init:
+        # The base is partitioned while it is built; the adapters come after, whole.
+        zeroshard.init_distributed()
+        with zeroshard.zero.Init():
+            model = FrozenBase()
+        assert model.mid.weight.numel() == (D * D + world - 1) // world
+        model.to_lora()
+        params = [p for p in model.parameters() if p.requires_grad]  # as LoRA scripts pass them
+    else:
+        model = FrozenBase().to_lora()
+        params = None
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    shard_t = _chunks([p for p in reference.parameters() if p.requires_grad], world)
+    shard_f = _chunks([p for p in reference.parameters() if not p.requires_grad], world)
+    engine, *_ = zeroshard.initialize(model=model, model_parameters=params, config=cfg)
+    # Partitioned: nothing whole on any rank, and the accounting holds this rank's chunks only
+    # (fp32: no master copy; frozen parameters get no gradients or optimizer state).
+    assert all(p.numel() == 0 for p in frozen)
+    got = engine.memory_bytes()
+    assert got["parameters"] == 4 * (shard_t + shard_f), (got, shard_t, shard_f)
+    assert got["master_weights"] == 0 and got["gathered_parameters"] == 0, got
+
+    ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=lr,
+                                weight_decay=0.0)
+    backward_peaks = []
+    for step in range(steps):
+        batch = _batch(step, micro * world * gas)
+        losses = []
+        for k in range(gas):
+            start = (k * world + rank) * micro
+            loss = engine(batch[start:start + micro])
+            losses.append(loss.item())
+            engine._core.reset_gathered_peak()
+            engine.backward(loss)
+            backward_peaks.append(engine._core.peak_gathered_numel)
+            engine.step()
+        ref_opt.zero_grad()
+        ref_losses = []
+        for m in range(world * gas):
+            ref_loss = reference(batch[m * micro:(m + 1) * micro])
+            (ref_loss / (world * gas)).backward()
+            ref_losses.append(ref_loss.item())
+        ref_opt.step()
+        for k in range(gas):
+            r = ref_losses[k * world + rank]
+            assert abs(losses[k] - r) <= 1e-5 * abs(r), (step, k, losses[k], r)
+    assert engine.memory_bytes()["gathered_parameters"] == 0
+    assert engine.memory_bytes()["optimizer_state"] == 8 * shard_t  # Adam: two fp32 states
+    with GatheredParameters(list(model.parameters())):
+        for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+            err, scale = (a - b).abs().max().item(), b.abs().max().item()
+            assert err <= 1e-5 * scale, f"rank {rank}: {name} off by {err:.3e} (scale {scale:.3e})"
+            if not b.requires_grad:
+                assert torch.equal(a, b), name  # frozen values never move
+    engine.save_16bit_model(save_dir)
+    engine.save_16bit_model(save_dir, "adapters.bin", exclude_frozen_parameters=True)
+    return backward_peaks, reference.frozen_in_backward()
+
+
+@pytest.mark.parametrize("use_init,prefetch,world", [(False, 0, 2), (True, 3000, 2), (False, 3000, 4)],
+                         ids=["whole-world2", "zero-init-prefetch-world2", "prefetch-world4"])
+def test_frozen_parameters_are_partitioned_and_train_exactly(tmp_path, use_init, prefetch, world):
+    results = run_distributed(frozen_worker, world, use_init, prefetch, str(tmp_path))
+    peaks, frozen_in_backward = results[0]
+    if prefetch == 0:
+        # Each frozen module is released once its backward is over (its inputs' gradients exist),
+        # not at the end of backward: held all at once, they alone would reach frozen_in_backward.
+        assert max(peaks) < frozen_in_backward, (peaks, frozen_in_backward)
+    reference = FrozenBase().to_lora()
+    saved = torch.load(tmp_path / "pytorch_model.bin")
+    assert set(saved) == set(reference.state_dict())
+    for name, p in reference.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(saved[name], p.detach()), name
+    adapters = torch.load(tmp_path / "adapters.bin")
+    assert set(adapters) == {n for n, p in reference.named_parameters() if p.requires_grad}
+
+
+def bf16_memory_worker():
+    import zeroshard
+    world = int(os.environ["WORLD_SIZE"])
+    model = FrozenBase().to_lora()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    shard_t, shard_f = _chunks(trainable, world), _chunks(frozen, world)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    losses = []
+    for step in range(3):
+        loss = engine(_batch(step, 2))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    got = engine.memory_bytes()
+    # 16 bytes per trainable element over N (bf16 parameters, fp32 master and Adam state; the
+    # gradient shard is freed by the step) and 2 per frozen one.
+    expect = {"parameters": 2 * (shard_t + shard_f), "gradients": 0, "master_weights": 4 * shard_t,
+              "optimizer_state": 8 * shard_t, "gathered_parameters": 0, "comm_buffers": 0}
+    got["comm_buffers"] = 0
+    assert got == expect, (got, expect)
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+
+
+def test_frozen_parameters_cost_two_bytes_over_n_in_bf16():
+    run_distributed(bf16_memory_worker, 2)
