@@ -300,6 +300,10 @@ void ZeroOptimizer::abort_backward() {
   if (coordinator_) coordinator_->abandon_iteration();
 }
 
+void ZeroOptimizer::abort_forward() {
+  if (coordinator_) coordinator_->abandon_iteration();
+}
+
 ParamCoordinator& ZeroOptimizer::coordinator() {
   ZS_CHECK(coordinator_, "ZeroOptimizer::coordinator: only stage 3 partitions parameters");
   return *coordinator_;

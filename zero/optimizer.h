@@ -72,6 +72,8 @@ class ZeroOptimizer {
   // its half-done reduction state and releases gathered parameters. The micro-step's gradients
   // that were already reduced stay until zero_grad.
   void abort_backward();
+  // When the model's forward raised: stage 3 releases what the forward gathered.
+  void abort_forward();
   bool keeps_full_grads() const { return strategy_->keeps_full_grads(); }
   bool partitions_params() const { return strategy_->partitions_params(); }
   // Stage 3 only: the parameter coordinator the engine's module hooks drive.

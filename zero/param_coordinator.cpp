@@ -102,7 +102,7 @@ void ParamCoordinator::check_module(int64_t module_id) const {
 
 void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   check_module(module_id);
-  if (!trace_.on_fetch(module_id)) {
+  if (!trace().on_fetch(module_id)) {
     std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order changed (module %lld "
                  "was not next); prefetching stops and the order is recorded again\n",
                  comm_->rank(), static_cast<long long>(module_id));
@@ -153,10 +153,10 @@ void ParamCoordinator::unused(Param& p) {
 }
 
 bool ParamCoordinator::reused_soon(int64_t param) const {
-  if (trace_.mode() != FetchTrace::Mode::follow) return false;
-  const auto& order = trace_.modules();
+  if (trace().mode() != FetchTrace::Mode::follow) return false;
+  const auto& order = trace().modules();
   int64_t distance = 0;
-  for (size_t k = trace_.position(); k < order.size(); ++k) {
+  for (size_t k = trace().position(); k < order.size(); ++k) {
     const Module& m = modules_[size_t(order[k])];
     if (std::find(m.params.begin(), m.params.end(), param) != m.params.end()) return true;
     distance += m.numel;
@@ -174,14 +174,14 @@ void ParamCoordinator::make_room(int64_t numel) {
 }
 
 void ParamCoordinator::prefetch() {
-  if (trace_.mode() != FetchTrace::Mode::follow || prefetch_numel_ <= 0) return;
-  const auto& order = trace_.modules();
+  if (trace().mode() != FetchTrace::Mode::follow || prefetch_numel_ <= 0) return;
+  const auto& order = trace().modules();
   std::map<int64_t, std::vector<int64_t>> by_group;
   // The bucket bounds everything prefetched and not yet fetched by its module, not each call's
   // additions: otherwise every fetch starts a bucket more and forward ends with backward's
   // parameters all gathered again.
   int64_t budget = prefetch_numel_ - prefetched_ahead_numel_;
-  for (size_t k = trace_.position(); k < order.size() && budget > 0; ++k) {
+  for (size_t k = trace().position(); k < order.size() && budget > 0; ++k) {
     for (int64_t i : modules_[size_t(order[k])].params) {
       Param& p = params_[size_t(i)];
       if (p.gathered || p.in_flight >= 0 || p.persistent) continue;
@@ -261,12 +261,35 @@ void ParamCoordinator::release_gathered() {
 
 void ParamCoordinator::abandon_iteration() {
   release_gathered();
-  trace_.abandon_iteration();
+  trace().abandon_iteration();
+  inference_ = false;
+}
+
+void ParamCoordinator::begin_forward(bool grad_enabled) {
+  // A forward without autograd that raised outside the engine never reached end_forward: its
+  // partial order says nothing.
+  if (inference_) eval_trace_.abandon_iteration();
+  inference_ = !grad_enabled;
+}
+
+void ParamCoordinator::end_forward() {
+  if (!inference_) return;
+  // Prefetches past the last module are collectives every rank issued: finish them.
+  while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
+  if (!eval_trace_.end_iteration()) {
+    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order of a forward without "
+                 "gradients differed from the recorded one; recording it again\n", comm_->rank());
+  }
+  inference_ = false;
+  // What a training iteration still holds (a GatheredParameters block) keeps its references.
+  for (auto& p : params_) {
+    if (p.gathered && p.refs == 0 && !p.persistent) drop(p);
+  }
 }
 
 void ParamCoordinator::release_all() {
   release_gathered();
-  if (!trace_.end_iteration()) {
+  if (!train_trace_.end_iteration()) {
     std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order differed from the "
                  "recorded one this iteration; recording it again\n", comm_->rank());
   }

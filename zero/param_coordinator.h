@@ -55,10 +55,16 @@ class ParamCoordinator {
   void fetch_params(const std::vector<int64_t>& param_indices);
   void release_params(const std::vector<int64_t>& param_indices);
   void write_back(int64_t param_index);
+  // The root module's forward starts and ends. A forward without autograd (evaluation under
+  // torch.no_grad, generation) has no backward to end its iteration and does not run in the
+  // training order, so it follows a trace of its own and ends at end_forward, which releases
+  // what it gathered. A training forward ends with its backward (release_all).
+  void begin_forward(bool grad_enabled);
+  void end_forward();
   // End of backward: finishes prefetches, releases everything not persistent, closes the trace.
   void release_all();
-  // The same after a backward that raised, except that the unfinished iteration's order is not
-  // taken as the model's (FetchTrace::abandon_iteration).
+  // The same after a forward or backward that raised, except that the unfinished iteration's
+  // order is not taken as the model's (FetchTrace::abandon_iteration).
   void abandon_iteration();
   // After a step: persistent parameters take their updated values from every rank's chunks.
   void refresh_persistent();
@@ -67,7 +73,9 @@ class ParamCoordinator {
   int64_t peak_gathered_numel() const { return peak_live_numel_; }
   void reset_peak() { peak_live_numel_ = live_numel_; }
   int64_t prefetched_params() const { return prefetched_params_; }
-  int64_t trace_invalidations() const { return trace_.invalidations(); }
+  int64_t trace_invalidations() const {
+    return train_trace_.invalidations() + eval_trace_.invalidations();
+  }
 
  private:
   // Finishes prefetches and releases everything not persistent (release_all, abandon_iteration).
@@ -135,7 +143,10 @@ class ParamCoordinator {
   MemoryAccount& memory_;
   std::vector<Param> params_;
   std::vector<Module> modules_;
-  FetchTrace trace_;
+  FetchTrace& trace() { return inference_ ? eval_trace_ : train_trace_; }
+  const FetchTrace& trace() const { return inference_ ? eval_trace_ : train_trace_; }
+  FetchTrace train_trace_, eval_trace_;
+  bool inference_ = false;  // between begin_forward(false) and end_forward
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded

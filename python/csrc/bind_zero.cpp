@@ -121,6 +121,7 @@ void bind_zero(py::module_& m) {
       .def("after_backward", &ZeroOptimizer::after_backward, py::arg("accumulation_boundary"),
            py::call_guard<py::gil_scoped_release>())
       .def("abort_backward", &ZeroOptimizer::abort_backward, py::call_guard<py::gil_scoped_release>())
+      .def("abort_forward", &ZeroOptimizer::abort_forward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)
       .def_property_readonly("partitions_params", &ZeroOptimizer::partitions_params)
       // Stage 3: the engine's module hooks drive the parameter coordinator.
@@ -138,6 +139,11 @@ void bind_zero(py::module_& m) {
       .def("input_grads_done",
            [](ZeroOptimizer& o, int64_t id) { o.coordinator().input_grads_done(id); },
            py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+      .def("begin_forward",
+           [](ZeroOptimizer& o, bool grad_enabled) { o.coordinator().begin_forward(grad_enabled); },
+           py::arg("grad_enabled"))
+      .def("end_forward", [](ZeroOptimizer& o) { o.coordinator().end_forward(); },
+           py::call_guard<py::gil_scoped_release>())
       .def("fetch", [](ZeroOptimizer& o, int64_t id, bool bwd) { o.coordinator().fetch(id, bwd); },
            py::arg("module_id"), py::arg("for_backward") = false,
            py::call_guard<py::gil_scoped_release>())

@@ -213,6 +213,19 @@ class ZeroShardEngine(torch.nn.Module):
                 param.grad = view
         return hook
 
+    @staticmethod
+    def _clean_up_after(error, abort):
+        """Runs abort() after a forward or backward raised `error`. Not after a failed collective:
+        the group is unusable, and waiting on the rest of its work would only replace the error
+        that names the ranks and the collective."""
+        if isinstance(error, _C.CommError):
+            return
+        try:
+            abort()
+        except Exception as cleanup:
+            # The forward's or backward's own error is the one to see; the clean-up's goes with it.
+            error.add_note(f"[zeroshard] cleaning up after it also failed: {cleanup}")
+
     def _drop_full_grads(self):
         """Stages 0/1 after the step or zero_grad: param.grad becomes None, as torch's
         zero_grad(set_to_none=True) and DeepSpeed leave it; the flat buffer is not cleared."""
@@ -234,7 +247,12 @@ class ZeroShardEngine(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self._settings["fp16_auto_cast"]:
             inputs = tuple(x.half() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs)
-        return self.module(*inputs, **kwargs)
+        try:
+            return self.module(*inputs, **kwargs)
+        except BaseException as error:
+            # ZeRO-3: what the forward gathered is released, so the next one starts clean.
+            self._clean_up_after(error, self._core.abort_forward)
+            raise
 
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:
@@ -255,14 +273,7 @@ class ZeroShardEngine(torch.nn.Module):
             (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
         except BaseException as error:
             # The next backward starts clean; this one's partial gradients stay until zero_grad().
-            # Not after a failed collective: the group is unusable, and waiting on the rest of its
-            # work would only replace the error that names the ranks and the collective.
-            if not isinstance(error, _C.CommError):
-                try:
-                    self._core.abort_backward()
-                except Exception as cleanup:
-                    # The backward's own error is the one to see; the clean-up's goes with it.
-                    error.add_note(f"[zeroshard] cleaning up after it also failed: {cleanup}")
+            self._clean_up_after(error, self._core.abort_backward)
             raise
         self._core.after_backward(boundary)
         # Summed on the loss's device; read only when a progress line is printed.

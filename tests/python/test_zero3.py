@@ -218,6 +218,64 @@ def test_a_changed_module_order_is_noticed_and_training_stays_exact():
     run_distributed(order_change_worker, 2)
 
 
+# ----- forwards without gradients: evaluation between training steps -----
+
+def eval_worker(evaluate):
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank = int(os.environ["RANK"])
+    model = tiny_gpt()
+    armed = [False]
+
+    def fail_when_armed(module, args, out):
+        if armed[0]:
+            raise RuntimeError("injected evaluation failure")
+        return out
+    model.blocks[1].register_forward_hook(fail_when_armed)
+    engine, *_ = zeroshard.initialize(
+        model=model, config=_config(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=2000))
+    held, errors = [], []
+    for step in range(6):
+        loss = engine(global_batch("gpt", step, 4)[2 * rank:2 * rank + 2])
+        engine.backward(loss)
+        engine.step()
+        if not evaluate or step < 2:
+            continue
+        x = global_batch("gpt", 99, 4)[2 * rank:2 * rank + 2]
+        engine.eval()
+        with torch.no_grad():
+            value = engine(x).item()
+            armed[0] = step == 3                  # one evaluation forward raises half-way
+            try:
+                engine(x)
+            except RuntimeError:
+                assert armed[0]
+            armed[0] = False
+            held.append(engine._core.live_gathered_numel)
+            with GatheredParameters(list(model.parameters())):
+                whole = {k: v.clone() for k, v in model.state_dict().items()}
+            reference = tiny_gpt()
+            reference.load_state_dict(whole)
+            errors.append(abs(value - reference(x).item()) / abs(value))
+        engine.train()
+    return (engine._core.master(0).tolist(), engine._core.trace_invalidations, held,
+            engine._core.prefetched_params, errors)
+
+
+def test_evaluation_forwards_between_steps_keep_the_training_trace():
+    # Forwards under torch.no_grad follow a trace of their own and release what they gathered
+    # when they end: the training order is not disturbed (no re-recording, prefetch goes on),
+    # nothing stays gathered, and training is bit for bit that of a run without evaluation.
+    with_eval = run_distributed(eval_worker, 2, True)
+    without = run_distributed(eval_worker, 2, False)
+    for rank in range(2):
+        master, invalidations, held, prefetched, errors = with_eval[rank]
+        assert master == without[rank][0], f"rank {rank}: evaluation changed training"
+        assert invalidations == 0 and held == [0] * 4, (invalidations, held)
+        assert prefetched > without[rank][3], (prefetched, without[rank][3])
+        assert max(errors) <= 1e-6, errors        # the whole model's output, from its chunks
+
+
 # ----- zero.Init: partitioned while it is built -----
 
 def _layers():

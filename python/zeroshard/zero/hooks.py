@@ -81,7 +81,10 @@ def _map_outputs(output, fn):
 def install(core, module: torch.nn.Module, params):
     """Registers every module that uses partitioned parameters with the coordinator and hooks it."""
     index = {id(p): i for i, p in enumerate(params)}
-    handles = []
+    # Around everything else: the root's forward tells the coordinator whether this forward
+    # builds a graph (a training iteration, ended by backward) or not (ended by the forward).
+    handles = [module.register_forward_pre_hook(
+        lambda m, args: core.begin_forward(torch.is_grad_enabled()), prepend=True)]
     module_id = 0
     for m in module.modules():
         used = list(m.parameters(recurse=False)) + list(m.__dict__.get(_EXTERNAL, []))
@@ -93,6 +96,7 @@ def install(core, module: torch.nn.Module, params):
                                                    with_kwargs=True))
         handles.append(m.register_forward_hook(_post_forward(core, module_id)))
         module_id += 1
+    handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles
 
 
