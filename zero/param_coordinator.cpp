@@ -78,7 +78,7 @@ void ParamCoordinator::attach(const std::vector<at::Tensor>& params) {
   gather(persistent);
 }
 
-bool ParamCoordinator::register_module(int64_t module_id, const std::vector<int64_t>& param_indices) {
+void ParamCoordinator::register_module(int64_t module_id, const std::vector<int64_t>& param_indices) {
   ZS_CHECK(module_id >= 0, "ParamCoordinator::register_module: negative module id");
   if (size_t(module_id) >= modules_.size()) modules_.resize(size_t(module_id) + 1);
   Module& m = modules_[size_t(module_id)];
@@ -90,9 +90,8 @@ bool ParamCoordinator::register_module(int64_t module_id, const std::vector<int6
     const Param& p = params_[size_t(i)];
     if (p.persistent) continue;
     m.numel += p.numel;
-    m.watches_inputs = m.watches_inputs || p.frozen;
+    m.holds_frozen = m.holds_frozen || p.frozen;
   }
-  return m.watches_inputs;
 }
 
 void ParamCoordinator::check_module(int64_t module_id) const {
@@ -108,8 +107,16 @@ void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
                  comm_->rank(), static_cast<long long>(module_id));
   }
   Module& m = modules_[size_t(module_id)];
+  // Modules whose backward has run give their memory back before this one gathers.
+  if (for_backward) release_frozen_done();
   fetch_params(m.params);
-  if (for_backward) ++m.backward_fetches;
+  if (for_backward) {
+    ++m.backward_fetches;
+    const auto& waiting = awaiting_release_;
+    if (m.holds_frozen && std::find(waiting.begin(), waiting.end(), module_id) == waiting.end()) {
+      awaiting_release_.push_back(module_id);
+    }
+  }
   prefetch();
 }
 
@@ -213,33 +220,35 @@ void ParamCoordinator::grad_done(int64_t param_index) {
   Param& done = params_.at(size_t(param_index));
   done.grad_done = true;
   for (int64_t mid : done.modules) maybe_release_after_backward(mid);
+  release_frozen_done();
 }
 
-void ParamCoordinator::expect_input_grads(int64_t module_id) {
-  check_module(module_id);
-  ++modules_[size_t(module_id)].input_grads_expected;
+void ParamCoordinator::release_frozen_done() {
+  const std::vector<int64_t> waiting = awaiting_release_;
+  for (int64_t mid : waiting) maybe_release_after_backward(mid);
 }
 
-void ParamCoordinator::input_grads_done(int64_t module_id) {
-  check_module(module_id);
-  ++modules_[size_t(module_id)].input_grads_produced;
-  maybe_release_after_backward(module_id);
+bool ParamCoordinator::held_elsewhere(const Param& p) const {
+  if (!p.gathered) return false;
+  // The storage is held by p.storage and by the Parameter's data; views that autograd saved
+  // hold it too. An op that saved the Parameter itself holds its TensorImpl instead.
+  return p.storage.use_count() > 2 || int64_t(p.tensor.use_count()) > p.impl_refs_at_rest;
 }
 
 void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
   Module& m = modules_[size_t(mid)];
   if (m.backward_fetches == 0) return;
   // Autograd accumulates a trainable parameter's gradient only after every use of it ran
-  // backward. A frozen parameter's uses feed only the gradients of the module's inputs, so those
-  // are final after them, for every forward of the module that needed them (a module called
-  // twice has two).
-  const bool grads = std::all_of(m.params.begin(), m.params.end(), [&](int64_t i) {
+  // backward; a frozen one is done with once no saved tensor refers to it.
+  const bool done = std::all_of(m.params.begin(), m.params.end(), [&](int64_t i) {
     const Param& p = params_[size_t(i)];
-    return p.frozen || p.grad_done;
+    if (p.persistent) return true;
+    return p.frozen ? !held_elsewhere(p) : p.grad_done;
   });
-  if (!grads) return;
-  if (m.watches_inputs && m.input_grads_produced < m.input_grads_expected) return;
+  if (!done) return;
   for (; m.backward_fetches > 0; --m.backward_fetches) release(mid);
+  awaiting_release_.erase(std::remove(awaiting_release_.begin(), awaiting_release_.end(), mid),
+                          awaiting_release_.end());
 }
 
 void ParamCoordinator::write_back(int64_t param_index) {
@@ -251,7 +260,8 @@ void ParamCoordinator::write_back(int64_t param_index) {
 void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
-  for (auto& m : modules_) m.backward_fetches = m.input_grads_expected = m.input_grads_produced = 0;
+  for (auto& m : modules_) m.backward_fetches = 0;
+  awaiting_release_.clear();
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;
@@ -398,6 +408,10 @@ void ParamCoordinator::complete_gather(int64_t id) {
   auto publish = [&](int64_t i, const at::Tensor& full) {
     Param& p = params_[size_t(i)];
     p.tensor.set_data(full.view(group.shape(p.index)));
+    // A first gather comes from a module hook or GatheredParameters, before any graph: only
+    // the Python object and `tensor` refer to the Parameter. (attach() gathers persistent
+    // parameters while its caller's list holds them too, but those are never released.)
+    if (p.impl_refs_at_rest < 0 && !p.persistent) p.impl_refs_at_rest = p.tensor.use_count();
     p.gathered = true;
     p.in_flight = -1;
   };

@@ -3,10 +3,12 @@
 // in forward and again in backward. Parameters under stage3_param_persistence_threshold elements
 // stay whole on every rank. The Python engine's module hooks call fetch/release; gradient hooks
 // report grad_done so a module gathered for backward is released once its gradients exist.
-// Frozen parameters (a group that is not trainable) are partitioned and gathered the same way;
-// as they get no gradients, a module holding them is released after its backward once the
-// gradients of its inputs exist (input_grads_done), which autograd computes after every use of
-// the module's parameters that backward needs.
+// Frozen parameters (a group that is not trainable) are partitioned and gathered the same way.
+// They get no gradient to say when backward is done with them, so a module gathered for backward
+// that holds them is released once nothing but this coordinator and the Parameter itself still
+// refers to their gathered values: autograd frees a node's saved tensors (linear's weight.t(),
+// or conv's and mm's weight itself) when the node has run. That is checked at every backward
+// event (a module's fetch, a gradient), so the release comes at most one event later.
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
 // prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
@@ -40,16 +42,11 @@ class ParamCoordinator {
   // The model's trainable Parameters in global index order (groups in order). Persistent ones
   // get their full values; the rest are released (their storage becomes empty).
   void attach(const std::vector<at::Tensor>& params);
-  // Returns whether the module holds frozen parameters that are gathered and released: then
-  // its hooks report each forward whose inputs need gradients (expect_input_grads) and when
-  // backward has computed those gradients (input_grads_done).
-  bool register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
+  void register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
   // Gathers the module's parameters that are not already available, then prefetches ahead.
   void fetch(int64_t module_id, bool for_backward);
   void release(int64_t module_id);
   void grad_done(int64_t param_index);
-  void expect_input_grads(int64_t module_id);
-  void input_grads_done(int64_t module_id);
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
   // taking a gathered parameter's (edited) full values back into this rank's chunks.
   void fetch_params(const std::vector<int64_t>& param_indices);
@@ -91,6 +88,9 @@ class ParamCoordinator {
     int64_t refs = 0;
     bool persistent = false;
     bool frozen = false;            // no gradient: grad_done never comes
+    // References to the Parameter's TensorImpl with no autograd graph about: the Python object
+    // and `tensor`. Counted at its first gather (-1 until then).
+    int64_t impl_refs_at_rest = -1;
     bool gathered = false;
     int64_t in_flight = -1;         // id of the async gather bringing it, or -1
     bool prefetched = false;        // gathered ahead by prefetch(), its module not yet fetched
@@ -101,10 +101,7 @@ class ParamCoordinator {
     std::vector<int64_t> params;
     int64_t numel = 0;
     int64_t backward_fetches = 0;
-    bool watches_inputs = false;    // holds frozen parameters that are not persistent
-    // This iteration's forwards whose inputs need gradients, and how many of those inputs'
-    // gradients backward has produced.
-    int64_t input_grads_expected = 0, input_grads_produced = 0;
+    bool holds_frozen = false;      // frozen parameters that are not persistent
   };
   // One async gather of several parameters of one group. A large parameter is all-gathered
   // straight into its own padded full tensor (no staging copy, so a gather never needs more than
@@ -129,6 +126,11 @@ class ParamCoordinator {
   void unused(Param& p);
   // Releases the module's backward gathers once its backward has no more use for them.
   void maybe_release_after_backward(int64_t module_id);
+  // maybe_release_after_backward for every module gathered for backward that holds frozen
+  // parameters.
+  void release_frozen_done();
+  // Whether something besides this coordinator and the Parameter holds p's gathered values.
+  bool held_elsewhere(const Param& p) const;
   void drop(Param& p);
   // Where a gathered (or in-flight) parameter's bytes are accounted, and how many.
   static MemoryCategory category(const Param& p);
@@ -147,6 +149,7 @@ class ParamCoordinator {
   const FetchTrace& trace() const { return inference_ ? eval_trace_ : train_trace_; }
   FetchTrace train_trace_, eval_trace_;
   bool inference_ = false;  // between begin_forward(false) and end_forward
+  std::vector<int64_t> awaiting_release_;  // modules gathered for backward with frozen parameters
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded

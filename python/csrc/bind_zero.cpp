@@ -130,15 +130,9 @@ void bind_zero(py::module_& m) {
            py::arg("params"), py::call_guard<py::gil_scoped_release>())
       .def("register_module",
            [](ZeroOptimizer& o, int64_t id, const std::vector<int64_t>& params) {
-             return o.coordinator().register_module(id, params);
+             o.coordinator().register_module(id, params);
            },
            py::arg("module_id"), py::arg("param_indices"))
-      .def("expect_input_grads",
-           [](ZeroOptimizer& o, int64_t id) { o.coordinator().expect_input_grads(id); },
-           py::arg("module_id"))
-      .def("input_grads_done",
-           [](ZeroOptimizer& o, int64_t id) { o.coordinator().input_grads_done(id); },
-           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
       .def("begin_forward",
            [](ZeroOptimizer& o, bool grad_enabled) { o.coordinator().begin_forward(grad_enabled); },
            py::arg("grad_enabled"))

@@ -161,13 +161,24 @@ class ZeroShardEngine(torch.nn.Module):
                              f"zero_optimization.stage 3 (stage is {self._settings['stage']}); "
                              f"partitioned parameters: {', '.join(chunked[:3])}")
         frozen_ids = {id(p) for p in frozen}
-        stray = [n for n, p in self.module.named_parameters()
+        stray = [(n, p) for n, p in self.module.named_parameters()
                  if full_shape(p) is not None and id(p) not in trainable_ids | frozen_ids]
         if stray:
-            raise ValueError(f"zero.Init: {', '.join(stray[:3])} were partitioned under "
-                             "zeroshard.zero.Init but are neither in the optimizer's parameter "
-                             "groups nor frozen (requires_grad=False); pass them to the optimizer "
-                             "or freeze them")
+            names = ", ".join(n for n, _ in stray[:3])
+            if any(not p.is_floating_point() for _, p in stray):
+                raise ValueError(f"zero.Init: {names} partitioned under zeroshard.zero.Init have "
+                                 "a non-floating dtype, which ZeRO-3 does not gather; create them "
+                                 "outside zero.Init")
+            raise ValueError(f"zero.Init: {names} were partitioned under zeroshard.zero.Init but "
+                             "are neither in the optimizer's parameter groups nor frozen "
+                             "(requires_grad=False); pass them to the optimizer or freeze them")
+        unoptimized = [n for n, p in self.module.named_parameters()
+                       if p.requires_grad and id(p) not in trainable_ids]
+        if unoptimized:
+            log_rank0(f"warning: {len(unoptimized)} parameter(s) require grad but are in no "
+                      f"optimizer group ({', '.join(unoptimized[:3])}): they stay whole on every "
+                      "rank, their .grad accumulates and no step updates them; freeze them with "
+                      "requires_grad_(False) if they are not to be trained", self.global_rank)
         shapes = [[full_shape(p) for p in ps] for _, ps in groups]
         frozen_shapes = [full_shape(p) for p in frozen]
         self._core = _C.ZeroOptimizer(self._comm, self._config, spec, fp32_values, self.dtype,

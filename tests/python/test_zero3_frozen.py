@@ -1,6 +1,6 @@
 """ZeRO-3 with frozen parameters (requires_grad=False), as in LoRA-style fine-tuning: they are
-partitioned and gathered like the trainable ones, released after their module's backward, built
-under zero.Init with adapters added outside it, and saved by save_16bit_model."""
+partitioned and gathered like the trainable ones, released once backward no longer refers to
+them, built under zero.Init with adapters added outside it, and saved by save_16bit_model."""
 import os
 
 import pytest
@@ -35,9 +35,23 @@ class LoraLinear(nn.Module):
         return F.linear(x, self.weight) * self.scale + self.bias + self.lora_b(self.lora_a(x))
 
 
+class Proj(nn.Module):
+    """(x @ W) * scale: mm saves the frozen Parameter itself for backward, not a view of it as
+    linear does, and the trainable scale's gradient is final before mm's backward runs."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d, d) / d ** 0.5)
+        self.scale = nn.Parameter(torch.linspace(1.5, 0.5, d))
+
+    def forward(self, x):
+        return (x @ self.weight) * self.scale
+
+
 class FrozenBase(nn.Module):
-    """Frozen modules whose input needs no gradient (emb), whose input does (mid), one called
-    twice (shared), and modules holding frozen and trainable parameters at once (block0/1)."""
+    """Frozen modules whose input needs no gradient (emb), whose input does (mid, proj), one
+    called twice (shared), and modules holding frozen and trainable parameters at once
+    (block0/1)."""
 
     def __init__(self):
         super().__init__()
@@ -46,6 +60,7 @@ class FrozenBase(nn.Module):
         self.inp = nn.Linear(D, D)
         self.block0 = LoraLinear(D)
         self.mid = nn.Linear(D, D)
+        self.proj = Proj(D)
         self.shared = nn.Linear(D, D)
         self.block1 = LoraLinear(D)
         self.head = nn.Linear(D, V)
@@ -54,6 +69,7 @@ class FrozenBase(nn.Module):
         """Freezes the base and adds the adapters, as peft's get_peft_model does."""
         for m in (self.emb, self.mid, self.shared):
             m.requires_grad_(False)
+        self.proj.weight.requires_grad_(False)
         torch.manual_seed(1)
         for block in (self.block0, self.block1):
             block.weight.requires_grad_(False)
@@ -63,13 +79,15 @@ class FrozenBase(nn.Module):
     def frozen_in_backward(self):
         """Elements of the frozen parameters that backward needs (all but the embedding's)."""
         return sum(t.numel() for t in (self.block0.weight, self.mid.weight, self.mid.bias,
-                                       self.shared.weight, self.shared.bias, self.block1.weight))
+                                       self.proj.weight, self.shared.weight, self.shared.bias,
+                                       self.block1.weight))
 
     def forward(self, batch):
         x, y = batch[:, :-1], batch[:, 1:]
         h = torch.tanh(self.inp(self.emb(x)))
         h = torch.tanh(self.block0(h))
-        h = torch.tanh(self.shared(torch.tanh(self.mid(h))))
+        h = torch.tanh(self.proj(torch.tanh(self.mid(h))))
+        h = torch.tanh(self.shared(h))
         h = torch.tanh(self.block1(h))
         h = torch.tanh(self.shared(h))
         return F.cross_entropy(self.head(h).reshape(-1, V), y.reshape(-1))
@@ -162,8 +180,9 @@ def test_frozen_parameters_are_partitioned_and_train_exactly(tmp_path, use_init,
     results = run_distributed(frozen_worker, world, use_init, prefetch, str(tmp_path))
     peaks, frozen_in_backward = results[0]
     if prefetch == 0:
-        # Each frozen module is released once its backward is over (its inputs' gradients exist),
-        # not at the end of backward: held all at once, they alone would reach frozen_in_backward.
+        # Each frozen module is released once its backward is over (no saved tensor refers to
+        # its weights), not at the end of backward: held all at once, they alone would reach
+        # frozen_in_backward.
         assert max(peaks) < frozen_in_backward, (peaks, frozen_in_backward)
     reference = FrozenBase().to_lora()
     saved = torch.load(tmp_path / "pytorch_model.bin")
@@ -173,6 +192,68 @@ def test_frozen_parameters_are_partitioned_and_train_exactly(tmp_path, use_init,
             assert torch.equal(saved[name], p.detach()), name
     adapters = torch.load(tmp_path / "adapters.bin")
     assert set(adapters) == {n for n, p in reference.named_parameters() if p.requires_grad}
+
+
+class OnChild(nn.Module):
+    """The frozen weight is applied to a trainable child's output while the module's input needs
+    no gradient: nothing about the inputs says when backward is done with the weight."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = nn.Parameter(torch.randn(D, D) / D ** 0.5, requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(D))
+        self.adapter = nn.Linear(D, D)
+        self.head = nn.Linear(D, 1)
+
+    def forward(self, x):
+        return self.head(torch.tanh(F.linear(self.adapter(x), self.weight) + self.bias)).pow(2).mean()
+
+
+def graph_reuse_worker(case):
+    """Gradients reaching the trainable parameters when backward runs more than once over one
+    forward's graph (retain_graph), over two forwards' graphs, or past a frozen weight applied
+    to a child's output, against plain autograd on a whole copy."""
+    import copy
+
+    import zeroshard
+    model = OnChild()
+    reference = copy.deepcopy(model)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+           "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    engine.set_gradient_accumulation_boundary(False)
+    seen = []
+    model.adapter.weight.register_hook(lambda g: seen.append(g.clone()))  # before C++ takes it
+    x1, x2 = (torch.randn(2, D, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    target = reference.adapter.weight
+    if case == "retain-graph":
+        loss = engine(x1)
+        engine.backward(loss, retain_graph=True, scale_wrt_gas=False)
+        engine.backward(2 * loss, scale_wrt_gas=False)
+        ref = reference(x1)
+        want = [torch.autograd.grad(ref, target, retain_graph=True)[0],
+                torch.autograd.grad(2 * ref, target)[0]]
+    elif case == "two-forwards":
+        first, second = engine(x1), engine(x2)
+        engine.backward(first, scale_wrt_gas=False)
+        engine.backward(second, scale_wrt_gas=False)
+        want = [torch.autograd.grad(reference(x), target)[0] for x in (x1, x2)]
+    else:
+        engine.backward(engine(x1), scale_wrt_gas=False)
+        want = [torch.autograd.grad(reference(x1), target)[0]]
+    assert len(seen) == len(want)
+    return [(g - w).abs().max().item() for g, w in zip(seen, want)]
+
+
+@pytest.mark.parametrize("case", ["retain-graph", "two-forwards", "weight-on-child-output"])
+def test_frozen_weights_stay_gathered_while_backward_still_reads_them(case):
+    # A release keyed to the inputs' gradients or to per-iteration counts freed the weight here
+    # while a node still had it saved (an error, or gradients from freed memory).
+    for errors in run_distributed(graph_reuse_worker, 2, case):
+        assert errors and max(errors) == 0.0, errors
 
 
 def bf16_memory_worker():

@@ -1,9 +1,7 @@
 """ZeRO-3 module hooks: a module's parameters are gathered just before its forward and released
 after it; an identity autograd node on its outputs gathers them again just before its backward.
-A module with partitioned frozen parameters also gets an identity node on its inputs, whose
-backward tells the coordinator that the module's backward is over (frozen parameters get no
-gradient that could say so). The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the
-parameters' state."""
+The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
+backward is done with them."""
 import torch
 
 _EXTERNAL = "_zeroshard_external_params"
@@ -20,32 +18,20 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
         params.append(parameter)
 
 
-class _OnBackward(torch.autograd.Function):
-    """Identity on tensors whose backward calls `event` once the gradients of all of them are
-    final. On a module's outputs it gathers the module's parameters before the module's own
-    backward runs (autograd reaches this node first); on its inputs it runs after every node of
-    the module's backward that needs them."""
+class _PreBackward(torch.autograd.Function):
+    """Identity on a module's outputs whose backward gathers the module's parameters, so they are
+    whole again before the module's own backward runs (autograd reaches this node first)."""
 
     @staticmethod
-    def forward(ctx, event, *tensors):
-        ctx.event = event
+    def forward(ctx, core, module_id, *tensors):
+        ctx.core, ctx.module_id = core, module_id
         out = tuple(t.detach() for t in tensors)
         return out[0] if len(out) == 1 else out
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.event()
-        return (None,) + grads
-
-
-def _on_backward(tensors, event):
-    """tensors with those that require grad replaced, in order, by one _OnBackward's outputs."""
-    grad = [t for t in tensors if t.requires_grad]
-    if not grad:
-        return tensors
-    wrapped = _OnBackward.apply(event, *grad)
-    wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
-    return [next(wrapped) if t.requires_grad else t for t in tensors]
+        ctx.core.fetch(ctx.module_id, True)
+        return (None, None) + grads
 
 
 def _map_outputs(output, fn):
@@ -91,44 +77,32 @@ def install(core, module: torch.nn.Module, params):
         ids = sorted({index[id(p)] for p in used if id(p) in index})
         if not ids:
             continue
-        watches_inputs = core.register_module(module_id, ids)
-        handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id, watches_inputs),
-                                                   with_kwargs=True))
+        core.register_module(module_id, ids)
+        handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id)))
         handles.append(m.register_forward_hook(_post_forward(core, module_id)))
         module_id += 1
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles
 
 
-def _pre_forward(core, module_id, watches_inputs):
-    def backward_done():
-        core.input_grads_done(module_id)
-
-    def hook(module, args, kwargs):
+def _pre_forward(core, module_id):
+    def hook(module, args):
         core.fetch(module_id, False)
-        if not watches_inputs or not torch.is_grad_enabled():
-            return None
-        wrapped = []
-
-        def attach(tensors):
-            out = _on_backward(tensors, backward_done)
-            wrapped.append(out is not tensors)
-            return out
-        args, kwargs = _map_outputs((args, kwargs), attach)
-        if not any(wrapped):
-            return None
-        core.expect_input_grads(module_id)
-        return args, kwargs
     return hook
 
 
 def _post_forward(core, module_id):
-    def backward_starts():
-        core.fetch(module_id, True)
+    def attach(tensors):
+        grad = [t for t in tensors if t.requires_grad]
+        if not grad:
+            return tensors
+        wrapped = _PreBackward.apply(core, module_id, *grad)
+        wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
+        return [next(wrapped) if t.requires_grad else t for t in tensors]
 
     def hook(module, args, output):
         core.release(module_id)
         if not torch.is_grad_enabled():
             return output
-        return _map_outputs(output, lambda tensors: _on_backward(tensors, backward_starts))
+        return _map_outputs(output, attach)
     return hook
