@@ -301,7 +301,7 @@ void ZeroOptimizer::abort_backward() {
 }
 
 void ZeroOptimizer::abort_forward() {
-  if (coordinator_) coordinator_->abandon_iteration();
+  if (coordinator_) coordinator_->abandon_forward();
 }
 
 ParamCoordinator& ZeroOptimizer::coordinator() {

@@ -90,7 +90,6 @@ void ParamCoordinator::register_module(int64_t module_id, const std::vector<int6
     const Param& p = params_[size_t(i)];
     if (p.persistent) continue;
     m.numel += p.numel;
-    m.holds_frozen = m.holds_frozen || p.frozen;
   }
 }
 
@@ -107,16 +106,8 @@ void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
                  comm_->rank(), static_cast<long long>(module_id));
   }
   Module& m = modules_[size_t(module_id)];
-  // Modules whose backward has run give their memory back before this one gathers.
-  if (for_backward) release_frozen_done();
   fetch_params(m.params);
-  if (for_backward) {
-    ++m.backward_fetches;
-    const auto& waiting = awaiting_release_;
-    if (m.holds_frozen && std::find(waiting.begin(), waiting.end(), module_id) == waiting.end()) {
-      awaiting_release_.push_back(module_id);
-    }
-  }
+  ++(for_backward ? m.backward_fetches : m.forward_fetches);
   prefetch();
 }
 
@@ -142,7 +133,9 @@ void ParamCoordinator::fetch_params(const std::vector<int64_t>& indices) {
 
 void ParamCoordinator::release(int64_t module_id) {
   check_module(module_id);
-  release_params(modules_[size_t(module_id)].params);
+  Module& m = modules_[size_t(module_id)];
+  if (m.forward_fetches > 0) --m.forward_fetches;
+  release_params(m.params);
 }
 
 void ParamCoordinator::release_params(const std::vector<int64_t>& indices) {
@@ -220,35 +213,19 @@ void ParamCoordinator::grad_done(int64_t param_index) {
   Param& done = params_.at(size_t(param_index));
   done.grad_done = true;
   for (int64_t mid : done.modules) maybe_release_after_backward(mid);
-  release_frozen_done();
-}
-
-void ParamCoordinator::release_frozen_done() {
-  const std::vector<int64_t> waiting = awaiting_release_;
-  for (int64_t mid : waiting) maybe_release_after_backward(mid);
-}
-
-bool ParamCoordinator::held_elsewhere(const Param& p) const {
-  if (!p.gathered) return false;
-  // The storage is held by p.storage and by the Parameter's data; views that autograd saved
-  // hold it too. An op that saved the Parameter itself holds its TensorImpl instead.
-  return p.storage.use_count() > 2 || int64_t(p.tensor.use_count()) > p.impl_refs_at_rest;
 }
 
 void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
   Module& m = modules_[size_t(mid)];
   if (m.backward_fetches == 0) return;
   // Autograd accumulates a trainable parameter's gradient only after every use of it ran
-  // backward; a frozen one is done with once no saved tensor refers to it.
+  // backward; a frozen one waits for the end of backward (see the header).
   const bool done = std::all_of(m.params.begin(), m.params.end(), [&](int64_t i) {
     const Param& p = params_[size_t(i)];
-    if (p.persistent) return true;
-    return p.frozen ? !held_elsewhere(p) : p.grad_done;
+    return p.persistent || (!p.frozen && p.grad_done);
   });
   if (!done) return;
-  for (; m.backward_fetches > 0; --m.backward_fetches) release(mid);
-  awaiting_release_.erase(std::remove(awaiting_release_.begin(), awaiting_release_.end(), mid),
-                          awaiting_release_.end());
+  for (; m.backward_fetches > 0; --m.backward_fetches) release_params(m.params);
 }
 
 void ParamCoordinator::write_back(int64_t param_index) {
@@ -260,8 +237,7 @@ void ParamCoordinator::write_back(int64_t param_index) {
 void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
-  for (auto& m : modules_) m.backward_fetches = 0;
-  awaiting_release_.clear();
+  for (auto& m : modules_) m.backward_fetches = m.forward_fetches = 0;
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;
@@ -272,7 +248,24 @@ void ParamCoordinator::release_gathered() {
 void ParamCoordinator::abandon_iteration() {
   release_gathered();
   trace().abandon_iteration();
+}
+
+void ParamCoordinator::abandon_forward() {
+  for (auto& m : modules_) {
+    for (; m.forward_fetches > 0; --m.forward_fetches) release_params(m.params);
+  }
+  drop_unreferenced();
+  trace().abandon_iteration();
   inference_ = false;
+}
+
+void ParamCoordinator::drop_unreferenced() {
+  // Prefetches past the last module are collectives every rank issued: finish them.
+  while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
+  // What something still holds (a GatheredParameters block) keeps its references.
+  for (auto& p : params_) {
+    if (p.gathered && p.refs == 0 && !p.persistent) drop(p);
+  }
 }
 
 void ParamCoordinator::begin_forward(bool grad_enabled) {
@@ -284,17 +277,12 @@ void ParamCoordinator::begin_forward(bool grad_enabled) {
 
 void ParamCoordinator::end_forward() {
   if (!inference_) return;
-  // Prefetches past the last module are collectives every rank issued: finish them.
-  while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
+  drop_unreferenced();
   if (!eval_trace_.end_iteration()) {
     std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order of a forward without "
                  "gradients differed from the recorded one; recording it again\n", comm_->rank());
   }
   inference_ = false;
-  // What a training iteration still holds (a GatheredParameters block) keeps its references.
-  for (auto& p : params_) {
-    if (p.gathered && p.refs == 0 && !p.persistent) drop(p);
-  }
 }
 
 void ParamCoordinator::release_all() {
@@ -408,10 +396,6 @@ void ParamCoordinator::complete_gather(int64_t id) {
   auto publish = [&](int64_t i, const at::Tensor& full) {
     Param& p = params_[size_t(i)];
     p.tensor.set_data(full.view(group.shape(p.index)));
-    // A first gather comes from a module hook or GatheredParameters, before any graph: only
-    // the Python object and `tensor` refer to the Parameter. (attach() gathers persistent
-    // parameters while its caller's list holds them too, but those are never released.)
-    if (p.impl_refs_at_rest < 0 && !p.persistent) p.impl_refs_at_rest = p.tensor.use_count();
     p.gathered = true;
     p.in_flight = -1;
   };

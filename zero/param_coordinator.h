@@ -3,19 +3,12 @@
 // in forward and again in backward. Parameters under stage3_param_persistence_threshold elements
 // stay whole on every rank. The Python engine's module hooks call fetch/release; gradient hooks
 // report grad_done so a module gathered for backward is released once its gradients exist.
-// Frozen parameters (a group that is not trainable) are partitioned and gathered the same way.
-// They get no gradient to say when backward is done with them, so a module gathered for backward
-// that holds them is released once nothing but this coordinator and the Parameter itself still
-// refers to their gathered values: autograd frees a node's saved tensors (linear's weight.t(),
-// or conv's and mm's weight itself) when the node has run. That is checked at every backward
-// event (a module's fetch, a gradient), so the release comes at most one event later.
-//
-// From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
-// prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
-// elements prefetched and not yet fetched by their module at any time), reuse (a released
-// parameter used again within stage3_max_reuse_distance elements stays gathered), and the cap
-// (prefetched and kept parameters never push the gathered total over stage3_max_live_parameters;
-// only a module that needs more than that alone exceeds it).
+// Frozen parameters (a group that is not trainable) are partitioned and gathered the same way,
+// but nothing says when backward is done with them: no gradient is accumulated, a module's
+// input gradients do not cover a weight applied to anything else, and reference counts see
+// neither tensors saved through Python objects (checkpointing, saved-tensor hooks) nor agree
+// across ranks (a backend's thread may still hold a buffer). A module gathered for backward that
+// holds some is therefore released when backward ends, the same point on every rank.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -60,9 +53,12 @@ class ParamCoordinator {
   void end_forward();
   // End of backward: finishes prefetches, releases everything not persistent, closes the trace.
   void release_all();
-  // The same after a forward or backward that raised, except that the unfinished iteration's
-  // order is not taken as the model's (FetchTrace::abandon_iteration).
+  // The same after a backward that raised, except that the unfinished iteration's order is not
+  // taken as the model's (FetchTrace::abandon_iteration).
   void abandon_iteration();
+  // After a forward that raised: releases the modules whose forward began and did not end (a
+  // GatheredParameters block around it keeps its parameters) and abandons the iteration's order.
+  void abandon_forward();
   // After a step: persistent parameters take their updated values from every rank's chunks.
   void refresh_persistent();
   int64_t live_gathered_numel() const { return live_numel_; }
@@ -77,6 +73,8 @@ class ParamCoordinator {
  private:
   // Finishes prefetches and releases everything not persistent (release_all, abandon_iteration).
   void release_gathered();
+  // Finishes prefetches and drops what nothing references (end_forward, abandon_forward).
+  void drop_unreferenced();
   struct Param {
     int64_t group = 0, index = 0;   // position in its FlatGroup
     int64_t numel = 0;
@@ -88,9 +86,6 @@ class ParamCoordinator {
     int64_t refs = 0;
     bool persistent = false;
     bool frozen = false;            // no gradient: grad_done never comes
-    // References to the Parameter's TensorImpl with no autograd graph about: the Python object
-    // and `tensor`. Counted at its first gather (-1 until then).
-    int64_t impl_refs_at_rest = -1;
     bool gathered = false;
     int64_t in_flight = -1;         // id of the async gather bringing it, or -1
     bool prefetched = false;        // gathered ahead by prefetch(), its module not yet fetched
@@ -101,7 +96,7 @@ class ParamCoordinator {
     std::vector<int64_t> params;
     int64_t numel = 0;
     int64_t backward_fetches = 0;
-    bool holds_frozen = false;      // frozen parameters that are not persistent
+    int64_t forward_fetches = 0;    // forwards of it begun and not ended
   };
   // One async gather of several parameters of one group. A large parameter is all-gathered
   // straight into its own padded full tensor (no staging copy, so a gather never needs more than
@@ -126,11 +121,6 @@ class ParamCoordinator {
   void unused(Param& p);
   // Releases the module's backward gathers once its backward has no more use for them.
   void maybe_release_after_backward(int64_t module_id);
-  // maybe_release_after_backward for every module gathered for backward that holds frozen
-  // parameters.
-  void release_frozen_done();
-  // Whether something besides this coordinator and the Parameter holds p's gathered values.
-  bool held_elsewhere(const Param& p) const;
   void drop(Param& p);
   // Where a gathered (or in-flight) parameter's bytes are accounted, and how many.
   static MemoryCategory category(const Param& p);
@@ -149,7 +139,6 @@ class ParamCoordinator {
   const FetchTrace& trace() const { return inference_ ? eval_trace_ : train_trace_; }
   FetchTrace train_trace_, eval_trace_;
   bool inference_ = false;  // between begin_forward(false) and end_forward
-  std::vector<int64_t> awaiting_release_;  // modules gathered for backward with frozen parameters
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded

@@ -47,6 +47,47 @@ def test_gathered_parameters_and_modifier_rank():
     run_distributed(gathered_worker, 2)
 
 
+def _arm_failure(module, message):
+    """Makes module's forward raise `message` while the returned flag's [0] is True."""
+    armed = [False]
+
+    def fail_when_armed(module, args, out):
+        if armed[0]:
+            raise RuntimeError(message)
+        return out
+    module.register_forward_hook(fail_when_armed)
+    return armed
+
+
+def gathered_failed_forward_worker():
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank = int(os.environ["RANK"])
+    model = tiny_gpt()
+    armed = _arm_failure(model.blocks[1], "injected forward failure")
+    armed[0] = True
+    engine, *_ = zeroshard.initialize(model=model, config=_config())
+    weight = model.blocks[0].fc.weight
+    batch = global_batch("gpt", 0, 4)[2 * rank:2 * rank + 2]
+    with GatheredParameters(weight, modifier_rank=0):
+        with pytest.raises(RuntimeError, match="injected forward failure"):
+            engine(batch)
+        assert weight.numel() > 0                   # the failed forward released only its own
+        if rank == 0:
+            with torch.no_grad():
+                weight.fill_(0.25)
+    assert engine._core.live_gathered_numel == 0    # and the forward's gathers are gone
+    armed[0] = False
+    with GatheredParameters(weight):
+        assert torch.all(weight == 0.25)
+    engine.backward(engine(batch))
+    engine.step()
+
+
+def test_a_forward_that_raises_inside_gathered_parameters_keeps_the_block_gathered():
+    run_distributed(gathered_failed_forward_worker, 2)
+
+
 def save_worker(tmp, gather):
     import zeroshard
     from zeroshard.zero import GatheredParameters
@@ -225,13 +266,7 @@ def eval_worker(evaluate):
     from zeroshard.zero import GatheredParameters
     rank = int(os.environ["RANK"])
     model = tiny_gpt()
-    armed = [False]
-
-    def fail_when_armed(module, args, out):
-        if armed[0]:
-            raise RuntimeError("injected evaluation failure")
-        return out
-    model.blocks[1].register_forward_hook(fail_when_armed)
+    armed = _arm_failure(model.blocks[1], "injected evaluation failure")
     engine, *_ = zeroshard.initialize(
         model=model, config=_config(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=2000))
     held, errors = [], []
