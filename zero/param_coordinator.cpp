@@ -90,6 +90,7 @@ void ParamCoordinator::register_module(int64_t module_id, const std::vector<int6
     const Param& p = params_[size_t(i)];
     if (p.persistent) continue;
     m.numel += p.numel;
+    m.holds_frozen = m.holds_frozen || p.frozen;
   }
 }
 
@@ -108,6 +109,7 @@ void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   Module& m = modules_[size_t(module_id)];
   fetch_params(m.params);
   ++(for_backward ? m.backward_fetches : m.forward_fetches);
+  in_backward_ = in_backward_ || for_backward;
   prefetch();
 }
 
@@ -135,6 +137,11 @@ void ParamCoordinator::release(int64_t module_id) {
   check_module(module_id);
   Module& m = modules_[size_t(module_id)];
   if (m.forward_fetches > 0) --m.forward_fetches;
+  if (in_backward_ && m.holds_frozen) {
+    // A recomputation: kept, as if gathered for backward, until backward ends.
+    ++m.backward_fetches;
+    return;
+  }
   release_params(m.params);
 }
 
@@ -238,6 +245,7 @@ void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
   for (auto& m : modules_) m.backward_fetches = m.forward_fetches = 0;
+  in_backward_ = false;
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;

@@ -8,7 +8,9 @@
 // input gradients do not cover a weight applied to anything else, and reference counts see
 // neither tensors saved through Python objects (checkpointing, saved-tensor hooks) nor agree
 // across ranks (a backend's thread may still hold a buffer). A module gathered for backward that
-// holds some is therefore released when backward ends, the same point on every rank.
+// holds some is therefore released when backward ends, the same point on every rank. So is one
+// whose forward runs again during backward (activation checkpointing's recomputation): the
+// tensors it saves are read by nodes that run after its forward has ended.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -97,6 +99,7 @@ class ParamCoordinator {
     int64_t numel = 0;
     int64_t backward_fetches = 0;
     int64_t forward_fetches = 0;    // forwards of it begun and not ended
+    bool holds_frozen = false;      // frozen parameters that are not persistent
   };
   // One async gather of several parameters of one group. A large parameter is all-gathered
   // straight into its own padded full tensor (no staging copy, so a gather never needs more than
@@ -139,6 +142,7 @@ class ParamCoordinator {
   const FetchTrace& trace() const { return inference_ ? eval_trace_ : train_trace_; }
   FetchTrace train_trace_, eval_trace_;
   bool inference_ = false;  // between begin_forward(false) and end_forward
+  bool in_backward_ = false;  // a module was gathered for backward in this iteration
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded

@@ -215,13 +215,23 @@ class OnChild(nn.Module):
         self.weight = nn.Parameter(torch.randn(D, D) / D ** 0.5, requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(D))
         self.adapter = nn.Linear(D, D)
+        self.proj = Proj(D)
+        self.proj.weight.requires_grad_(False)
         self.head = nn.Linear(D, 1)
-        self.saves_in_ctx = False
+        self.saves_in_ctx = self.checkpointed = False
 
     def forward(self, x):
         h = self.adapter(x)
         h = _CtxLinear.apply(h, self.weight) if self.saves_in_ctx else F.linear(h, self.weight)
-        return self.head(torch.tanh(h + self.bias)).pow(2).mean()
+        h = torch.tanh(h + self.bias)
+        if self.checkpointed:
+            # tanh's backward inside the region recomputes it before proj is gathered for its
+            # own backward, so mm's saved weight is read after the recomputing forward ended.
+            from torch.utils.checkpoint import checkpoint
+            h = checkpoint(lambda t: torch.tanh(self.proj(t)), h, use_reentrant=False)
+        else:
+            h = torch.tanh(self.proj(h))
+        return self.head(h).pow(2).mean()
 
 
 def graph_reuse_worker(case):
@@ -255,8 +265,8 @@ def graph_reuse_worker(case):
         engine.backward(first, scale_wrt_gas=False)
         engine.backward(second, scale_wrt_gas=False)
         want = [torch.autograd.grad(reference(x), target)[0] for x in (x1, x2)]
-    elif case == "saved-by-python":
-        model.saves_in_ctx = reference.saves_in_ctx = True
+    elif case in ("saved-by-python", "checkpointed"):
+        setattr(model, "saves_in_ctx" if case == "saved-by-python" else case, True)
         engine.backward(engine(x1), scale_wrt_gas=False)
         want = [torch.autograd.grad(reference(x1), target)[0]]
     else:
@@ -267,7 +277,7 @@ def graph_reuse_worker(case):
 
 
 @pytest.mark.parametrize("case", ["retain-graph", "two-forwards", "weight-on-child-output",
-                                  "saved-by-python"])
+                                  "saved-by-python", "checkpointed"])
 def test_frozen_weights_stay_gathered_while_backward_still_reads_them(case):
     # Releases keyed to the inputs' gradients, or to reference counts on the gathered values,
     # freed the weight in these cases while a node still had it saved (an error, or gradients
