@@ -79,7 +79,9 @@ def install(core, module: torch.nn.Module, params):
             continue
         core.register_module(module_id, ids)
         handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id)))
-        handles.append(m.register_forward_hook(_post_forward(core, module_id)))
+        # always_call: a forward that ends in an exception still releases. Non-reentrant
+        # checkpointing ends its recomputation that way as soon as it has what backward needs.
+        handles.append(m.register_forward_hook(_post_forward(core, module_id), always_call=True))
         module_id += 1
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles
