@@ -45,9 +45,9 @@ class FlatGroup {
  public:
   // `params` are the group's tensors: trainable ones in fp32 (their values seed the master copy),
   // frozen ones in any floating dtype; the buffers are created in spec.model_dtype on the params'
-  // device. `owned()` is the range of the
-  // buffer whose optimizer state lives on this rank: a slice of the padded flat buffer (stages
-  // 0-2), or this rank's whole chunk shard (stage 3, see ChunkLayout).
+  // device. `owned()` is the range of the buffer whose optimizer state lives on this rank: a
+  // slice of the padded flat buffer (stages 0-2), or this rank's whole chunk shard (stage 3, see
+  // ChunkLayout).
   FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec, MemoryAccount& memory);
   ~FlatGroup();
   FlatGroup(const FlatGroup&) = delete;

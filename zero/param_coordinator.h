@@ -11,6 +11,13 @@
 // holds some is therefore released when backward ends, the same point on every rank. So is one
 // whose forward runs again during backward (activation checkpointing's recomputation): the
 // tensors it saves are read by nodes that run after its forward has ended.
+//
+// From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
+// prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
+// elements prefetched and not yet fetched by their module at any time), reuse (a released
+// parameter used again within stage3_max_reuse_distance elements stays gathered), and the cap
+// (prefetched and kept parameters never push the gathered total over stage3_max_live_parameters;
+// only a module that needs more than that alone exceeds it).
 #pragma once
 #include <ATen/core/Tensor.h>
 
