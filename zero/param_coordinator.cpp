@@ -222,17 +222,34 @@ void ParamCoordinator::grad_done(int64_t param_index) {
   for (int64_t mid : done.modules) maybe_release_after_backward(mid);
 }
 
+void ParamCoordinator::backward_nodes_done(int64_t module_id) {
+  check_module(module_id);
+  Module& m = modules_[size_t(module_id)];
+  // After release_gathered (a backward that raised), a late report finds nothing to release.
+  if (m.backward_fetches == 0) return;
+  ++m.backward_nodes_done;
+  maybe_release_after_backward(module_id);
+}
+
+bool ParamCoordinator::holds_frozen(int64_t module_id) const {
+  check_module(module_id);
+  return modules_[size_t(module_id)].holds_frozen;
+}
+
 void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
   Module& m = modules_[size_t(mid)];
   if (m.backward_fetches == 0) return;
   // Autograd accumulates a trainable parameter's gradient only after every use of it ran
-  // backward; a frozen one waits for the end of backward (see the header).
+  // backward. A frozen one needs the engine's report for each backward gather, since a trainable
+  // gradient can be final before a product's backward reads the frozen weight (see the header).
+  if (m.holds_frozen && m.backward_nodes_done < m.backward_fetches) return;
   const bool done = std::all_of(m.params.begin(), m.params.end(), [&](int64_t i) {
     const Param& p = params_[size_t(i)];
-    return p.persistent || (!p.frozen && p.grad_done);
+    return p.persistent || p.frozen || p.grad_done;
   });
   if (!done) return;
   for (; m.backward_fetches > 0; --m.backward_fetches) release_params(m.params);
+  m.backward_nodes_done = 0;
 }
 
 void ParamCoordinator::write_back(int64_t param_index) {
@@ -244,7 +261,7 @@ void ParamCoordinator::write_back(int64_t param_index) {
 void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
-  for (auto& m : modules_) m.backward_fetches = m.forward_fetches = 0;
+  for (auto& m : modules_) m.backward_fetches = m.backward_nodes_done = m.forward_fetches = 0;
   in_backward_ = false;
   for (auto& p : params_) {
     p.refs = 0;

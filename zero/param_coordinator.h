@@ -4,13 +4,16 @@
 // stay whole on every rank. The Python engine's module hooks call fetch/release; gradient hooks
 // report grad_done so a module gathered for backward is released once its gradients exist.
 // Frozen parameters (a group that is not trainable) are partitioned and gathered the same way,
-// but nothing says when backward is done with them: no gradient is accumulated, a module's
-// input gradients do not cover a weight applied to anything else, and reference counts see
-// neither tensors saved through Python objects (checkpointing, saved-tensor hooks) nor agree
-// across ranks (a backend's thread may still hold a buffer). A module gathered for backward that
-// holds some is therefore released when backward ends, the same point on every rank. So is one
-// whose forward runs again during backward (activation checkpointing's recomputation): the
-// tensors it saves are read by nodes that run after its forward has ended.
+// but no gradient says when backward is done with them: a module's input gradients do not cover a
+// weight applied to anything else, and reference counts see neither tensors saved through Python
+// objects nor agree across ranks (a backend's thread may still hold a buffer). The engine instead
+// reports when every autograd node one forward of the module created has run in this backward
+// (backward_nodes_done); it can do so only when each of those nodes is reachable from the
+// module's outputs. A module gathered for backward that holds frozen parameters is released once
+// that report came for each of its backward gathers (and its trainable gradients exist); without
+// it, it is held until backward ends, the same point on every rank. So is one whose forward runs
+// again during backward (activation checkpointing's recomputation): the tensors it saves are read
+// by nodes that run after its forward has ended.
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
 // prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
@@ -49,6 +52,11 @@ class ParamCoordinator {
   void fetch(int64_t module_id, bool for_backward);
   void release(int64_t module_id);
   void grad_done(int64_t param_index);
+  // Every autograd node that one forward of the module created has run in this backward, which
+  // gathered the module for it: its frozen parameters are no longer read (see above).
+  void backward_nodes_done(int64_t module_id);
+  // Whether the module holds partitioned frozen parameters (only those need the report above).
+  bool holds_frozen(int64_t module_id) const;
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
   // taking a gathered parameter's (edited) full values back into this rank's chunks.
   void fetch_params(const std::vector<int64_t>& param_indices);
@@ -105,6 +113,7 @@ class ParamCoordinator {
     std::vector<int64_t> params;
     int64_t numel = 0;
     int64_t backward_fetches = 0;
+    int64_t backward_nodes_done = 0;  // of those gathers, how many backward_nodes_done covered
     int64_t forward_fetches = 0;    // forwards of it begun and not ended
     bool holds_frozen = false;      // frozen parameters that are not persistent
   };

@@ -1,4 +1,5 @@
 // Bindings for zero/: the ZeRO optimizer that the Python engine drives.
+#include <ATen/SequenceNumber.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/csrc/bindings.h"
@@ -66,6 +67,9 @@ py::dict optimizer_to_dict(const OptimizerConfig& o) {
 }  // namespace
 
 void bind_zero(py::module_& m) {
+  // The sequence number the next autograd node created on this thread gets (every node but
+  // AccumulateGrad takes one): ZeRO-3's hooks bracket a module's forward with it.
+  m.def("autograd_sequence_number", [] { return at::sequence_number::peek(); });
   // The config's optimizer block with its defaults, for the Python param_groups.
   m.def("optimizer_config", [](const std::shared_ptr<Config>& c) { return optimizer_to_dict(c->optimizer); });
   // Fields of the config the Python engine reads directly.
@@ -143,6 +147,11 @@ void bind_zero(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release", [](ZeroOptimizer& o, int64_t id) { o.coordinator().release(id); },
            py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+      .def("backward_nodes_done",
+           [](ZeroOptimizer& o, int64_t id) { o.coordinator().backward_nodes_done(id); },
+           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+      .def("holds_frozen", [](ZeroOptimizer& o, int64_t id) { return o.coordinator().holds_frozen(id); },
+           py::arg("module_id"))
       .def("fetch_params",
            [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().fetch_params(ids); },
            py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())

@@ -1,8 +1,11 @@
 """ZeRO-3 module hooks: a module's parameters are gathered just before its forward and released
 after it; an identity autograd node on its outputs gathers them again just before its backward.
 The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
-backward is done with them."""
+backward is done with them; for a module holding frozen parameters, these hooks tell it when every
+autograd node the module's forward created has run (_NodesRun)."""
 import torch
+
+from zeroshard import _C
 
 _EXTERNAL = "_zeroshard_external_params"
 
@@ -23,15 +26,71 @@ class _PreBackward(torch.autograd.Function):
     whole again before the module's own backward runs (autograd reaches this node first)."""
 
     @staticmethod
-    def forward(ctx, core, module_id, *tensors):
-        ctx.core, ctx.module_id = core, module_id
+    def forward(ctx, core, module_id, nodes_run, *tensors):
+        ctx.core, ctx.module_id, ctx.nodes_run = core, module_id, nodes_run
         out = tuple(t.detach() for t in tensors)
         return out[0] if len(out) == 1 else out
 
     @staticmethod
     def backward(ctx, *grads):
         ctx.core.fetch(ctx.module_id, True)
-        return (None, None) + grads
+        if ctx.nodes_run is not None:
+            ctx.nodes_run.arm()
+        return (None, None, None) + grads
+
+
+class _NodesRun:
+    """One forward of a module holding frozen parameters, whose autograd nodes are all reachable
+    from its outputs: only those nodes can have saved the frozen weights (the module's hooks
+    gather them for its forward alone), and all run after this forward's _PreBackward. A node
+    runs only after every node above it that runs in the same backward, so once the lowest ones
+    (whose inputs come from outside the module) have run since _PreBackward, backward is done
+    with the weights. Autograd's order is the graph's, so every rank reports at the same point.
+    Every backward over the graph (retain_graph) counts again from its _PreBackward."""
+
+    __slots__ = ("core", "module_id", "total", "ran", "armed")
+
+    def __init__(self, core, module_id, lowest):
+        self.core, self.module_id, self.total = core, module_id, len(lowest)
+        self.ran, self.armed = set(), False
+        for node in lowest:
+            seq = node._sequence_nr()
+            node.register_hook(lambda grad_inputs, grad_outputs, seq=seq: self.node_ran(seq))
+
+    def arm(self):
+        self.ran, self.armed = set(), True
+        self._check()
+
+    def node_ran(self, seq):
+        if self.armed:
+            self.ran.add(seq)
+            self._check()
+
+    def _check(self):
+        if len(self.ran) == self.total:
+            self.armed = False
+            self.core.backward_nodes_done(self.module_id)
+
+
+def _lowest_nodes_created(tensors, start, end):
+    """Of the autograd nodes created with sequence numbers start..end-1 on this thread, found from
+    `tensors` back, those with no such node below them. None when some of those nodes cannot be
+    found that way (an intermediate result kept aside or thrown away, an in-place op's inner
+    node), so that nothing says when they run."""
+    found, lowest = set(), []
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        seq = node._sequence_nr()  # AccumulateGrad's is 2**64 - 1
+        if not start <= seq < end or seq in found:
+            continue
+        found.add(seq)
+        below = [n for n, _ in node.next_functions
+                 if n is not None and start <= n._sequence_nr() < end]
+        if not below:
+            lowest.append(node)
+        stack.extend(below)
+    return lowest if len(found) == end - start else None
 
 
 def _map_outputs(output, fn):
@@ -78,33 +137,49 @@ def install(core, module: torch.nn.Module, params):
         if not ids:
             continue
         core.register_module(module_id, ids)
-        handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id)))
+        # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
+        # kept for a module whose frozen parameters need _NodesRun.
+        starts = [] if core.holds_frozen(module_id) else None
+        handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id, starts)))
         # always_call: a forward that ends in an exception still releases. Non-reentrant
         # checkpointing ends its recomputation that way as soon as it has what backward needs.
-        handles.append(m.register_forward_hook(_post_forward(core, module_id), always_call=True))
+        handles.append(m.register_forward_hook(_post_forward(core, module_id, starts),
+                                               always_call=True))
         module_id += 1
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles
 
 
-def _pre_forward(core, module_id):
+def _pre_forward(core, module_id, starts):
     def hook(module, args):
+        if starts is not None:
+            starts.append(_C.autograd_sequence_number())
         core.fetch(module_id, False)
     return hook
 
 
-def _post_forward(core, module_id):
-    def attach(tensors):
-        grad = [t for t in tensors if t.requires_grad]
-        if not grad:
-            return tensors
-        wrapped = _PreBackward.apply(core, module_id, *grad)
-        wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
-        return [next(wrapped) if t.requires_grad else t for t in tensors]
-
+def _post_forward(core, module_id, starts):
     def hook(module, args, output):
+        end = _C.autograd_sequence_number()  # before _PreBackward adds its node
+        start = starts.pop() if starts else None
         core.release(module_id)
         if not torch.is_grad_enabled():
             return output
+
+        def attach(tensors):
+            grad = [t for t in tensors if t.requires_grad]
+            if not grad:
+                return tensors
+            nodes_run = None
+            # A recomputation inside backward (activation checkpointing) is held by the
+            # coordinator until backward ends: walking its nodes would gain nothing.
+            if start is not None and torch._C._current_graph_task_id() == -1:
+                lowest = _lowest_nodes_created(grad, start, end)
+                if lowest is not None:
+                    nodes_run = _NodesRun(core, module_id, lowest)
+            wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
+            wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
+            return [next(wrapped) if t.requires_grad else t for t in tensors]
+
         return _map_outputs(output, attach)
     return hook
