@@ -109,7 +109,6 @@ void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   Module& m = modules_[size_t(module_id)];
   fetch_params(m.params);
   ++(for_backward ? m.backward_fetches : m.forward_fetches);
-  in_backward_ = in_backward_ || for_backward;
   prefetch();
 }
 
@@ -133,16 +132,18 @@ void ParamCoordinator::fetch_params(const std::vector<int64_t>& indices) {
   gather(missing);
 }
 
-void ParamCoordinator::release(int64_t module_id) {
+bool ParamCoordinator::release(int64_t module_id, bool during_backward) {
   check_module(module_id);
   Module& m = modules_[size_t(module_id)];
   if (m.forward_fetches > 0) --m.forward_fetches;
-  if (in_backward_ && m.holds_frozen) {
-    // A recomputation: kept, as if gathered for backward, until backward ends.
+  if (during_backward && m.holds_frozen) {
+    // A recomputation: kept, as if gathered for backward, until the engine reports that its
+    // nodes have run (reentrant checkpointing runs backward over them) or backward ends.
     ++m.backward_fetches;
-    return;
+    return true;
   }
   release_params(m.params);
+  return false;
 }
 
 void ParamCoordinator::release_params(const std::vector<int64_t>& indices) {
@@ -222,12 +223,12 @@ void ParamCoordinator::grad_done(int64_t param_index) {
   for (int64_t mid : done.modules) maybe_release_after_backward(mid);
 }
 
-void ParamCoordinator::backward_nodes_done(int64_t module_id) {
+void ParamCoordinator::backward_nodes_done(int64_t module_id, int64_t gathers) {
   check_module(module_id);
   Module& m = modules_[size_t(module_id)];
   // After release_gathered (a backward that raised), a late report finds nothing to release.
   if (m.backward_fetches == 0) return;
-  ++m.backward_nodes_done;
+  m.backward_nodes_done += gathers;
   maybe_release_after_backward(module_id);
 }
 
@@ -262,7 +263,6 @@ void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
   for (auto& m : modules_) m.backward_fetches = m.backward_nodes_done = m.forward_fetches = 0;
-  in_backward_ = false;
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;

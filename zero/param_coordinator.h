@@ -11,9 +11,11 @@
 // (backward_nodes_done); it can do so only when each of those nodes is reachable from the
 // module's outputs. A module gathered for backward that holds frozen parameters is released once
 // that report came for each of its backward gathers (and its trainable gradients exist); without
-// it, it is held until backward ends, the same point on every rank. So is one whose forward runs
-// again during backward (activation checkpointing's recomputation): the tensors it saves are read
-// by nodes that run after its forward has ended.
+// it, it is held until backward ends, the same point on every rank. One whose forward runs again
+// during backward (activation checkpointing's recomputation) is held too when that forward ends:
+// the tensors it saves are read by nodes that run after it. Reentrant checkpointing runs a
+// backward over the recomputed graph, whose report then covers the hold; non-reentrant
+// checkpointing reads them from the first forward's nodes, so that hold lasts until backward ends.
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
 // prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
@@ -50,11 +52,15 @@ class ParamCoordinator {
   void register_module(int64_t module_id, const std::vector<int64_t>& param_indices);
   // Gathers the module's parameters that are not already available, then prefetches ahead.
   void fetch(int64_t module_id, bool for_backward);
-  void release(int64_t module_id);
+  // The end of a module's forward. One that runs during backward (activation checkpointing's
+  // recomputation) and holds frozen parameters is not released but held as a backward gather
+  // (see above); returns whether it was.
+  bool release(int64_t module_id, bool during_backward = false);
   void grad_done(int64_t param_index);
   // Every autograd node that one forward of the module created has run in this backward, which
-  // gathered the module for it: its frozen parameters are no longer read (see above).
-  void backward_nodes_done(int64_t module_id);
+  // gathered the module for it: its frozen parameters are no longer read (see above). `gathers`
+  // is 2 for a recomputation's forward, whose release was a hold (release returned true).
+  void backward_nodes_done(int64_t module_id, int64_t gathers = 1);
   // Whether the module holds partitioned frozen parameters (only those need the report above).
   bool holds_frozen(int64_t module_id) const;
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
@@ -158,7 +164,6 @@ class ParamCoordinator {
   const FetchTrace& trace() const { return inference_ ? eval_trace_ : train_trace_; }
   FetchTrace train_trace_, eval_trace_;
   bool inference_ = false;  // between begin_forward(false) and end_forward
-  bool in_backward_ = false;  // a module was gathered for backward in this iteration
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   int64_t live_numel_ = 0;          // gathered or in flight, persistent parameters excluded

@@ -145,11 +145,15 @@ void bind_zero(py::module_& m) {
       .def("fetch", [](ZeroOptimizer& o, int64_t id, bool bwd) { o.coordinator().fetch(id, bwd); },
            py::arg("module_id"), py::arg("for_backward") = false,
            py::call_guard<py::gil_scoped_release>())
-      .def("release", [](ZeroOptimizer& o, int64_t id) { o.coordinator().release(id); },
-           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+      .def("release",
+           [](ZeroOptimizer& o, int64_t id, bool during_backward) {
+             return o.coordinator().release(id, during_backward);
+           },
+           py::arg("module_id"), py::arg("during_backward") = false,
+           py::call_guard<py::gil_scoped_release>())
       .def("backward_nodes_done",
-           [](ZeroOptimizer& o, int64_t id) { o.coordinator().backward_nodes_done(id); },
-           py::arg("module_id"), py::call_guard<py::gil_scoped_release>())
+           [](ZeroOptimizer& o, int64_t id, int64_t gathers) { o.coordinator().backward_nodes_done(id, gathers); },
+           py::arg("module_id"), py::arg("gathers") = 1, py::call_guard<py::gil_scoped_release>())
       .def("holds_frozen", [](ZeroOptimizer& o, int64_t id) { return o.coordinator().holds_frozen(id); },
            py::arg("module_id"))
       .def("fetch_params",

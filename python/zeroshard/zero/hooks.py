@@ -46,12 +46,15 @@ class _NodesRun:
     runs only after every node above it that runs in the same backward, so once the lowest ones
     (whose inputs come from outside the module) have run since _PreBackward, backward is done
     with the weights. Autograd's order is the graph's, so every rank reports at the same point.
-    Every backward over the graph (retain_graph) counts again from its _PreBackward."""
+    Every backward over the graph (retain_graph) counts again from its _PreBackward. A forward
+    run again during backward (checkpointing's recomputation) was held rather than released at
+    its end, so its report covers that hold too (gathers=2); reentrant checkpointing runs a
+    backward over the recomputed graph, non-reentrant does not and holds until backward ends."""
 
-    __slots__ = ("core", "module_id", "total", "ran", "armed")
+    __slots__ = ("core", "module_id", "gathers", "total", "ran", "armed")
 
-    def __init__(self, core, module_id, lowest):
-        self.core, self.module_id, self.total = core, module_id, len(lowest)
+    def __init__(self, core, module_id, lowest, gathers):
+        self.core, self.module_id, self.gathers, self.total = core, module_id, gathers, len(lowest)
         self.ran, self.armed = set(), False
         for node in lowest:
             seq = node._sequence_nr()
@@ -69,7 +72,7 @@ class _NodesRun:
     def _check(self):
         if len(self.ran) == self.total:
             self.armed = False
-            self.core.backward_nodes_done(self.module_id)
+            self.core.backward_nodes_done(self.module_id, self.gathers)
 
 
 def _lowest_nodes_created(tensors, start, end):
@@ -162,7 +165,7 @@ def _post_forward(core, module_id, starts):
     def hook(module, args, output):
         end = _C.autograd_sequence_number()  # before _PreBackward adds its node
         start = starts.pop() if starts else None
-        core.release(module_id)
+        held = core.release(module_id, torch._C._current_graph_task_id() != -1)
         if not torch.is_grad_enabled():
             return output
 
@@ -171,12 +174,10 @@ def _post_forward(core, module_id, starts):
             if not grad:
                 return tensors
             nodes_run = None
-            # A recomputation inside backward (activation checkpointing) is held by the
-            # coordinator until backward ends: walking its nodes would gain nothing.
-            if start is not None and torch._C._current_graph_task_id() == -1:
+            if start is not None:
                 lowest = _lowest_nodes_created(grad, start, end)
                 if lowest is not None:
-                    nodes_run = _NodesRun(core, module_id, lowest)
+                    nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1)
             wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
             wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
             return [next(wrapped) if t.requires_grad else t for t in tensors]
