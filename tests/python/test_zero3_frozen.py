@@ -257,23 +257,31 @@ class OnChild(nn.Module):
         return self.head(h).pow(2).mean()
 
 
-def graph_reuse_worker(case):
-    """Gradients reaching the trainable parameters when backward runs more than once over one
-    forward's graph (retain_graph), over two forwards' graphs, or past a frozen weight applied
-    to a child's output, against plain autograd on a whole copy."""
+def _on_demand_engine(model, watched):
+    """A whole reference copy of `model`, a stage-3 engine that gathers on demand only (no
+    prefetch, reuse or persistence) and does not move parameters (lr 0), and the list that
+    collects the gradients of `model.<watched>.weight`."""
     import copy
 
     import zeroshard
-    model = OnChild()
     reference = copy.deepcopy(model)
     cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
            "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                  "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
     engine, *_ = zeroshard.initialize(model=model, config=cfg)
-    engine.set_gradient_accumulation_boundary(False)
     seen = []
-    model.adapter.weight.register_hook(lambda g: seen.append(g.clone()))  # before C++ takes it
+    weight = getattr(model, watched).weight
+    weight.register_hook(lambda g: seen.append(g.clone()))  # before C++ takes it
+    return model, reference, engine, seen
+
+
+def graph_reuse_worker(case):
+    """Gradients reaching the trainable parameters when backward runs more than once over one
+    forward's graph (retain_graph), over two forwards' graphs, or past a frozen weight applied
+    to a child's output, against plain autograd on a whole copy."""
+    model, reference, engine, seen = _on_demand_engine(OnChild(), "adapter")
+    engine.set_gradient_accumulation_boundary(False)
     x1, x2 = (torch.randn(2, D, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
     target = reference.adapter.weight
     if case == "retain-graph":
@@ -367,18 +375,7 @@ class CheckpointedLora(nn.Module):
 
 
 def checkpointed_lora_worker(reentrant):
-    import copy
-
-    import zeroshard
-    model = CheckpointedLora(reentrant)
-    reference = copy.deepcopy(model)
-    cfg = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
-           "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                 "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
-    engine, *_ = zeroshard.initialize(model=model, config=cfg)
-    seen = []
-    model.inp.weight.register_hook(lambda g: seen.append(g.clone()))  # before C++ takes it
+    model, reference, engine, seen = _on_demand_engine(CheckpointedLora(reentrant), "inp")
     errors, peaks = [], []
     for step in range(3):
         x = torch.randn(2, D, generator=torch.Generator().manual_seed(step))
