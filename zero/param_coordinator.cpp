@@ -137,11 +137,13 @@ bool ParamCoordinator::release(int64_t module_id, bool during_backward) {
   Module& m = modules_[size_t(module_id)];
   if (m.forward_fetches > 0) --m.forward_fetches;
   if (during_backward && m.holds_frozen) {
-    // A recomputation: kept, as if gathered for backward, until the engine reports that its
-    // nodes have run (reentrant checkpointing runs backward over them) or backward ends.
+    // A recomputation: kept, as if gathered for backward, until a report covers it (see the
+    // header) or backward ends.
     ++m.backward_fetches;
+    ++m.recompute_holds;
     return true;
   }
+  if (!during_backward && !inference_) ++m.training_forwards;
   release_params(m.params);
   return false;
 }
@@ -228,7 +230,17 @@ void ParamCoordinator::backward_nodes_done(int64_t module_id, int64_t gathers) {
   Module& m = modules_[size_t(module_id)];
   // After release_gathered (a backward that raised), a late report finds nothing to release.
   if (m.backward_fetches == 0) return;
-  m.backward_nodes_done += gathers;
+  ++m.backward_nodes_done;
+  if (gathers == 2 && m.recompute_holds > 0) {
+    // A recomputation's forward whose graph backward ran (reentrant checkpointing): its hold.
+    --m.recompute_holds;
+    ++m.backward_nodes_done;
+  } else if (gathers == 1 && m.training_forwards == 1) {
+    // The module's only forward: what non-reentrant checkpointing recomputed of it is for the
+    // nodes that forward created, which have all run now.
+    m.backward_nodes_done += m.recompute_holds;
+    m.recompute_holds = 0;
+  }
   maybe_release_after_backward(module_id);
 }
 
@@ -250,7 +262,7 @@ void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
   });
   if (!done) return;
   for (; m.backward_fetches > 0; --m.backward_fetches) release_params(m.params);
-  m.backward_nodes_done = 0;
+  m.backward_nodes_done = m.recompute_holds = 0;
 }
 
 void ParamCoordinator::write_back(int64_t param_index) {
@@ -262,7 +274,10 @@ void ParamCoordinator::write_back(int64_t param_index) {
 void ParamCoordinator::release_gathered() {
   // Prefetches past the end of the iteration are still collectives every rank issued: finish them.
   while (!gathers_.empty()) complete_gather(gathers_.begin()->first);
-  for (auto& m : modules_) m.backward_fetches = m.backward_nodes_done = m.forward_fetches = 0;
+  for (auto& m : modules_) {
+    m.backward_fetches = m.backward_nodes_done = m.recompute_holds = m.forward_fetches = 0;
+    m.training_forwards = 0;
+  }
   for (auto& p : params_) {
     p.refs = 0;
     p.grad_done = false;

@@ -14,8 +14,10 @@
 // it, it is held until backward ends, the same point on every rank. One whose forward runs again
 // during backward (activation checkpointing's recomputation) is held too when that forward ends:
 // the tensors it saves are read by nodes that run after it. Reentrant checkpointing runs a
-// backward over the recomputed graph, whose report then covers the hold; non-reentrant
-// checkpointing reads them from the first forward's nodes, so that hold lasts until backward ends.
+// backward over the recomputed graph, whose report then covers the hold. Non-reentrant
+// checkpointing reads them from the first forward's nodes, so the report of that forward covers
+// the hold, when it is the module's only forward of the iteration (otherwise nothing says which
+// forward a recomputation repeats, and the hold lasts until backward ends).
 //
 // From the second iteration on, the recorded fetch order (FetchTrace) drives three policies:
 // prefetch (async all-gathers of the next modules' parameters; at most stage3_prefetch_bucket_size
@@ -59,7 +61,8 @@ class ParamCoordinator {
   void grad_done(int64_t param_index);
   // Every autograd node that one forward of the module created has run in this backward, which
   // gathered the module for it: its frozen parameters are no longer read (see above). `gathers`
-  // is 2 for a recomputation's forward, whose release was a hold (release returned true).
+  // is 2 for a recomputation's forward, whose release was a hold (release returned true), 1 for
+  // a forward outside backward.
   void backward_nodes_done(int64_t module_id, int64_t gathers = 1);
   // Whether the module holds partitioned frozen parameters (only those need the report above).
   bool holds_frozen(int64_t module_id) const;
@@ -120,6 +123,8 @@ class ParamCoordinator {
     int64_t numel = 0;
     int64_t backward_fetches = 0;
     int64_t backward_nodes_done = 0;  // of those gathers, how many backward_nodes_done covered
+    int64_t recompute_holds = 0;    // of those gathers, recomputations' holds not yet covered
+    int64_t training_forwards = 0;  // its forwards ended outside backward since release_gathered
     int64_t forward_fetches = 0;    // forwards of it begun and not ended
     bool holds_frozen = false;      // frozen parameters that are not persistent
   };

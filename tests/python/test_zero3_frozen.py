@@ -353,12 +353,19 @@ def test_frozen_parameters_cost_two_bytes_over_n_in_bf16():
 
 class CheckpointedLora(nn.Module):
     """Six LoRA blocks over a frozen base, each under activation checkpointing, as fine-tuning
-    a large model with gradient checkpointing runs."""
+    a large model with gradient checkpointing runs; with `shared`, a frozen Proj is applied in
+    every region too (a module with several forwards in one iteration)."""
 
-    def __init__(self, reentrant):
+    def __init__(self, reentrant, shared=False):
         super().__init__()
         torch.manual_seed(0)
         self.reentrant = reentrant
+        self.shared = Proj(D) if shared else None
+        if shared:
+            # Wholly frozen: reentrant checkpointing runs a backward per region, so a trainable
+            # parameter used in several regions gets several gradients in one backward, which
+            # the gradient reducers refuse (as DeepSpeed does).
+            self.shared.requires_grad_(False)
         self.inp = nn.Linear(D, D)
         self.blocks = nn.ModuleList(LoraLinear(D) for _ in range(6))
         for block in self.blocks:
@@ -370,12 +377,14 @@ class CheckpointedLora(nn.Module):
         from torch.utils.checkpoint import checkpoint
         h = self.inp(x)
         for block in self.blocks:
-            h = checkpoint(lambda t, b=block: torch.tanh(b(t)), h, use_reentrant=self.reentrant)
+            region = (lambda t, b=block: torch.tanh(b(t))) if self.shared is None else \
+                (lambda t, b=block: torch.tanh(self.shared(b(t))))
+            h = checkpoint(region, h, use_reentrant=self.reentrant)
         return self.head(h).pow(2).mean()
 
 
-def checkpointed_lora_worker(reentrant):
-    model, reference, engine, seen = _on_demand_engine(CheckpointedLora(reentrant), "inp")
+def checkpointed_lora_worker(reentrant, shared):
+    model, reference, engine, seen = _on_demand_engine(CheckpointedLora(reentrant, shared), "inp")
     errors, peaks = [], []
     for step in range(3):
         x = torch.randn(2, D, generator=torch.Generator().manual_seed(step))
@@ -391,12 +400,16 @@ def checkpointed_lora_worker(reentrant):
     return errors, max(peaks), frozen
 
 
-@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
-def test_checkpointed_lora_blocks_give_exact_gradients(reentrant):
-    for errors, peak, frozen in run_distributed(checkpointed_lora_worker, 2, reentrant):
+@pytest.mark.parametrize("reentrant,shared", [(True, False), (False, False), (True, True),
+                                               (False, True)],
+                         ids=["reentrant", "non-reentrant", "reentrant-shared",
+                              "non-reentrant-shared"])
+def test_checkpointed_lora_blocks_give_exact_gradients(reentrant, shared):
+    for errors, peak, frozen in run_distributed(checkpointed_lora_worker, 2, reentrant, shared):
         assert len(errors) == 3 and max(errors) == 0.0, errors
-        if reentrant:
-            # Each recomputed block is released once the backward over it has run: 2592
-            # gathered elements at most, of 13824 frozen ones (16752 when held to the end, as
-            # non-reentrant checkpointing still is; see the README).
+        if not shared:
+            # Each recomputed block is released once the nodes reading what it saved have run:
+            # 2592 gathered elements at most, of 13824 frozen ones (16752 when held until
+            # backward ends, as a module with several forwards still is under non-reentrant
+            # checkpointing; see the README).
             assert peak < frozen / 2, (peak, frozen)

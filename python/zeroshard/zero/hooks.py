@@ -48,8 +48,9 @@ class _NodesRun:
     with the weights. Autograd's order is the graph's, so every rank reports at the same point.
     Every backward over the graph (retain_graph) counts again from its _PreBackward. A forward
     run again during backward (checkpointing's recomputation) was held rather than released at
-    its end, so its report covers that hold too (gathers=2); reentrant checkpointing runs a
-    backward over the recomputed graph, non-reentrant does not and holds until backward ends."""
+    its end, so its report covers that hold too (gathers=2): reentrant checkpointing runs a
+    backward over the recomputed graph. Non-reentrant checkpointing does not; the first forward's
+    nodes read what it saved, and the coordinator lets their report cover the hold."""
 
     __slots__ = ("core", "module_id", "gathers", "total", "ran", "armed")
 
