@@ -228,7 +228,9 @@ void ParamCoordinator::grad_done(int64_t param_index) {
 void ParamCoordinator::backward_nodes_done(int64_t module_id, int64_t gathers) {
   check_module(module_id);
   Module& m = modules_[size_t(module_id)];
-  // After release_gathered (a backward that raised), a late report finds nothing to release.
+  // Each report follows the fetch of its own forward's _PreBackward in the same backward, so
+  // the count of covered gathers never passes backward_fetches. After release_gathered (a
+  // backward that raised), a late report finds nothing to release.
   if (m.backward_fetches == 0) return;
   ++m.backward_nodes_done;
   if (gathers == 2 && m.recompute_holds > 0) {

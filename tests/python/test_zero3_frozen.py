@@ -280,10 +280,18 @@ def graph_reuse_worker(case):
     """Gradients reaching the trainable parameters when backward runs more than once over one
     forward's graph (retain_graph), over two forwards' graphs, or past a frozen weight applied
     to a child's output, against plain autograd on a whole copy."""
-    model, reference, engine, seen = _on_demand_engine(OnChild(), "adapter")
+    if case == "gradient-penalty":
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, D, bias=False), nn.Tanh(),
+                            nn.Linear(D, 1))
+        net[2].weight.requires_grad_(False)
+        model, reference, engine, seen = _on_demand_engine(net, "0")
+        target = reference[0].weight
+    else:
+        model, reference, engine, seen = _on_demand_engine(OnChild(), "adapter")
+        target = reference.adapter.weight
     engine.set_gradient_accumulation_boundary(False)
     x1, x2 = (torch.randn(2, D, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
-    target = reference.adapter.weight
     if case == "retain-graph":
         loss = engine(x1)
         engine.backward(loss, retain_graph=True, scale_wrt_gas=False)
@@ -296,6 +304,20 @@ def graph_reuse_worker(case):
         engine.backward(first, scale_wrt_gas=False)
         engine.backward(second, scale_wrt_gas=False)
         want = [torch.autograd.grad(reference(x), target)[0] for x in (x1, x2)]
+    elif case == "gradient-penalty":
+        # After a backward that kept the graph, autograd.grad(create_graph=True) outside the
+        # engine's backward runs the frozen module's nodes again and builds new ones that read
+        # its weight in the next backward.
+        def two_backwards(model, x, backward):
+            x = x.clone().requires_grad_()
+            loss = model(x).pow(2).mean()
+            first = backward(loss)
+            (g,) = torch.autograd.grad(loss, x, create_graph=True)
+            return [first, backward(g.pow(2).sum())]
+        two_backwards(engine, x1, lambda loss: engine.backward(loss, retain_graph=True,
+                                                                scale_wrt_gas=False))
+        want = two_backwards(reference, x1,
+                             lambda loss: torch.autograd.grad(loss, target, retain_graph=True)[0])
     elif case in ("saved-by-python", "checkpointed", "kept-aside"):
         flag = {"saved-by-python": "saves_in_ctx", "kept-aside": "keeps_aside"}.get(case, case)
         setattr(model, flag, True)
@@ -310,12 +332,14 @@ def graph_reuse_worker(case):
 
 
 @pytest.mark.parametrize("case", ["retain-graph", "two-forwards", "weight-on-child-output",
-                                  "saved-by-python", "checkpointed", "kept-aside"])
+                                  "saved-by-python", "checkpointed", "kept-aside",
+                                  "gradient-penalty"])
 def test_frozen_weights_stay_gathered_while_backward_still_reads_them(case):
     # Releases keyed to the inputs' gradients, or to reference counts on the gathered values,
     # freed the weight in the first five cases while a node still had it saved (an error, or
     # gradients read from freed memory); one keyed to the nodes reachable from the module's
-    # outputs alone frees it in the last.
+    # outputs alone frees it in kept-aside, and one armed outside the engine's backward in
+    # gradient-penalty.
     for errors in run_distributed(graph_reuse_worker, 2, case):
         assert errors and max(errors) == 0.0, errors
 
@@ -413,3 +437,50 @@ def test_checkpointed_lora_blocks_give_exact_gradients(reentrant, shared):
             # backward ends, as a module with several forwards still is under non-reentrant
             # checkpointing; see the README).
             assert peak < frozen / 2, (peak, frozen)
+
+
+class Tower(nn.Module):
+    """A frozen product whose output is rescaled in place through a slice when the batch's mean is
+    positive: the in-place write hides a node from the walk (CopySlices), so whether this forward
+    can be tracked depends on the data, which differs between ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(D, D) / D ** 0.5, requires_grad=False)
+
+    def forward(self, x):
+        y = x @ self.weight
+        if x.detach().mean() > 0:
+            y = y.clone()
+            y[:, :2] = y[:, :2] * 0.5
+        return y
+
+
+class TwoTowers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.adapter, self.tower, self.head = nn.Linear(D, D), Tower(), nn.Linear(D, 1)
+
+    def forward(self, x):
+        a, b = self.tower(self.adapter(x[0])), self.tower(self.adapter(x[1]))
+        return self.head(torch.tanh(a * b)).pow(2).mean()
+
+
+def divergent_graphs_worker():
+    rank = int(os.environ["RANK"])
+    model, reference, engine, seen = _on_demand_engine(TwoTowers(), "adapter")
+    sign = 1.0 if rank == 0 else -1.0  # only rank 0's batch takes the branch
+    x = sign * 50 * torch.randn(2, 2, D, generator=torch.Generator().manual_seed(7))
+    engine.backward(engine(x), scale_wrt_gas=False)
+    want = torch.autograd.grad(reference(x), reference.adapter.weight)[0]
+    return (seen[0] - want).abs().max().item()
+
+
+def test_ranks_whose_graphs_differ_hold_the_same_frozen_modules():
+    # Rank 1 could release the tower after its second forward's nodes and all-gather it again for
+    # the first while rank 0, which cannot track them, holds it and issues no all-gather: the
+    # ranks compare which forwards they track at the start of backward, and hold all if they
+    # differ.
+    for error in run_distributed(divergent_graphs_worker, 2, timeout=60):
+        assert error == 0.0

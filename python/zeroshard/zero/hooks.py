@@ -39,31 +39,84 @@ class _PreBackward(torch.autograd.Function):
         return (None, None, None) + grads
 
 
+class _Verdict:
+    """Whether the ranks agreed on which forwards of a set they track (FrozenRelease)."""
+    __slots__ = ("agreed",)
+
+    def __init__(self, agreed=False):
+        self.agreed = agreed
+
+
+# A recomputation's forward runs within backward, after the ranks compared their forwards.
+_DURING_BACKWARD = _Verdict(agreed=True)
+
+
+class FrozenRelease:
+    """When _NodesRun may release frozen weights: only inside the engine's backward, whose end
+    releases everything anyway (autograd.grad before it may leave nodes that read the weights
+    for it, such as a gradient penalty's), never in a backward that builds a graph (create_graph:
+    its nodes read the weights later), and only for forwards that every rank tracks. A rank's
+    graph can differ from another's (a data-dependent branch that writes into a slice), and a
+    rank that releases a module where another holds it all-gathers it again alone; so at the
+    start of each backward the ranks compare which of the forwards since the last one they
+    track, and if they differ none of those is released early."""
+
+    def __init__(self):
+        self.count, self.digest, self.verdict = 0, 0, _Verdict()
+        self.in_backward = False
+
+    def record(self, tracked):
+        """A forward outside backward of a module holding frozen parameters; returns the verdict
+        its _NodesRun follows."""
+        self.count += 1
+        self.digest = (self.digest * 3 + 1 + int(tracked)) % (1 << 61)
+        return self.verdict
+
+    def may_arm(self, verdict):
+        # Grad mode is on in backward only with create_graph (engine.backward never sets it).
+        return verdict.agreed and self.in_backward and not torch.is_grad_enabled()
+
+    def begin_backward(self, comm, device):
+        mine = torch.tensor([self.count, -self.count, self.digest, -self.digest],
+                            dtype=torch.int64, device=device)
+        comm.all_reduce_max(mine, "ZeRO-3: which forwards may release frozen parameters")
+        top = mine.tolist()
+        self.verdict.agreed = top[0] == -top[1] and top[2] == -top[3]
+        self.count, self.digest, self.verdict = 0, 0, _Verdict()
+        self.in_backward = True
+
+    def end_backward(self):
+        self.in_backward = False
+
+
 class _NodesRun:
-    """One forward of a module holding frozen parameters, whose autograd nodes are all reachable
-    from its outputs: only those nodes can have saved the frozen weights (the module's hooks
-    gather them for its forward alone), and all run after this forward's _PreBackward. A node
-    runs only after every node above it that runs in the same backward, so once the lowest ones
-    (whose inputs come from outside the module) have run since _PreBackward, backward is done
-    with the weights. Autograd's order is the graph's, so every rank reports at the same point.
-    Every backward over the graph (retain_graph) counts again from its _PreBackward. A forward
-    run again during backward (checkpointing's recomputation) was held rather than released at
-    its end, so its report covers that hold too (gathers=2): reentrant checkpointing runs a
-    backward over the recomputed graph. Non-reentrant checkpointing does not; the first forward's
-    nodes read what it saved, and the coordinator lets their report cover the hold."""
+    """One forward of a module holding frozen parameters, whose autograd nodes (on this thread)
+    are all reachable from its outputs. Of the graph that forward built, only those nodes can
+    have saved the frozen weights (the module's hooks gather them for its forward alone), and all
+    run after this forward's _PreBackward. A node runs only after every node above it that runs
+    in the same backward, so once the lowest ones (whose inputs come from outside the module)
+    have run since _PreBackward, this backward is done with the weights. Nodes that a backward
+    building a graph adds read them later, so FrozenRelease arms only in the engine's own
+    backward, and only where every rank tracks the same forwards. Every backward over the graph
+    (retain_graph) counts again from its _PreBackward. A forward run again during backward
+    (checkpointing's recomputation) was held rather than released at its end, so its report
+    covers that hold too (gathers=2): reentrant checkpointing runs a backward over the
+    recomputed graph. Non-reentrant checkpointing does not; the first forward's nodes read what
+    it saved, and the coordinator lets their report cover the hold."""
 
-    __slots__ = ("core", "module_id", "gathers", "total", "ran", "armed")
+    __slots__ = ("core", "module_id", "gathers", "total", "ran", "armed", "policy", "verdict")
 
-    def __init__(self, core, module_id, lowest, gathers):
+    def __init__(self, core, module_id, lowest, gathers, policy):
         self.core, self.module_id, self.gathers, self.total = core, module_id, gathers, len(lowest)
-        self.ran, self.armed = set(), False
+        self.ran, self.armed, self.policy, self.verdict = set(), False, policy, _DURING_BACKWARD
         for node in lowest:
             seq = node._sequence_nr()
             node.register_hook(lambda grad_inputs, grad_outputs, seq=seq: self.node_ran(seq))
 
     def arm(self):
-        self.ran, self.armed = set(), True
-        self._check()
+        self.ran, self.armed = set(), self.policy.may_arm(self.verdict)
+        if self.armed:
+            self._check()
 
     def node_ran(self, seq):
         if self.armed:
@@ -127,14 +180,15 @@ def _map_outputs(output, fn):
     return rebuild(output)
 
 
-def install(core, module: torch.nn.Module, params):
-    """Registers every module that uses partitioned parameters with the coordinator and hooks it."""
+def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
+    """Registers every module that uses partitioned parameters with the coordinator and hooks it.
+    Returns the hooks' handles and whether some module holds partitioned frozen parameters."""
     index = {id(p): i for i, p in enumerate(params)}
     # Around everything else: the root's forward tells the coordinator whether this forward
     # builds a graph (a training iteration, ended by backward) or not (ended by the forward).
     handles = [module.register_forward_pre_hook(
         lambda m, args: core.begin_forward(torch.is_grad_enabled()), prepend=True)]
-    module_id = 0
+    module_id, any_frozen = 0, False
     for m in module.modules():
         used = list(m.parameters(recurse=False)) + list(m.__dict__.get(_EXTERNAL, []))
         ids = sorted({index[id(p)] for p in used if id(p) in index})
@@ -144,14 +198,15 @@ def install(core, module: torch.nn.Module, params):
         # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
         # kept for a module whose frozen parameters need _NodesRun.
         starts = [] if core.holds_frozen(module_id) else None
+        any_frozen = any_frozen or starts is not None
         handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id, starts)))
         # always_call: a forward that ends in an exception still releases. Non-reentrant
         # checkpointing ends its recomputation that way as soon as it has what backward needs.
-        handles.append(m.register_forward_hook(_post_forward(core, module_id, starts),
+        handles.append(m.register_forward_hook(_post_forward(core, module_id, starts, policy),
                                                always_call=True))
         module_id += 1
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
-    return handles
+    return handles, any_frozen
 
 
 def _pre_forward(core, module_id, starts):
@@ -162,11 +217,12 @@ def _pre_forward(core, module_id, starts):
     return hook
 
 
-def _post_forward(core, module_id, starts):
+def _post_forward(core, module_id, starts, policy):
     def hook(module, args, output):
         end = _C.autograd_sequence_number()  # before _PreBackward adds its node
         start = starts.pop() if starts else None
-        held = core.release(module_id, torch._C._current_graph_task_id() != -1)
+        during_backward = torch._C._current_graph_task_id() != -1
+        held = core.release(module_id, during_backward)
         if not torch.is_grad_enabled():
             return output
 
@@ -178,7 +234,11 @@ def _post_forward(core, module_id, starts):
             if start is not None:
                 lowest = _lowest_nodes_created(grad, start, end)
                 if lowest is not None:
-                    nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1)
+                    nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
+                if not during_backward:
+                    verdict = policy.record(nodes_run is not None)
+                    if nodes_run is not None:
+                        nodes_run.verdict = verdict
             wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
             wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
             return [next(wrapped) if t.requires_grad else t for t in tensors]
