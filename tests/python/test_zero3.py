@@ -1,6 +1,8 @@
 """ZeRO-3 around the training loop: GatheredParameters (with a modifier rank), save_16bit_model,
 and parameters used outside their own module (register_external_parameter)."""
+import collections
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -158,6 +160,68 @@ def external_worker(register):
         engine.step()
         _reference_step(reference, ref_opt, batch)
     _assert_matches(model, reference)
+
+
+@dataclasses.dataclass
+class Pair:
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class Structured(nn.Module):
+    """Returns its two products in the container named by `kind`; autograd must reach the
+    module's _PreBackward through it, or its weight is still released when backward needs it."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b = nn.Parameter(torch.randn(8, 8) / 3), nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        first, second = x @ self.a, torch.tanh(x @ self.b)
+        if self.kind == "dict":
+            return {"first": first, "rest": [second]}
+        if self.kind == "namedtuple":
+            return collections.namedtuple("Out", "first second")(first, second)
+        return Pair(first, second)
+
+
+class StructuredNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(16, 8)
+        self.blocks = nn.ModuleList(Structured(k) for k in ("dict", "namedtuple", "dataclass"))
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, batch):
+        h = self.emb(batch[:, :-1])
+        for block in self.blocks:
+            out = block(h)
+            first, second = (out["first"], out["rest"][0]) if isinstance(out, dict) else \
+                (out.first, out.second)
+            h = torch.tanh(first + second)
+        return F.cross_entropy(self.head(h).reshape(-1, 16), batch[:, 1:].reshape(-1))
+
+
+def structured_outputs_worker():
+    import zeroshard
+    rank = int(os.environ["RANK"])
+    model = StructuredNet()
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, config=_config())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        batch = torch.randint(0, 16, (4, 6), generator=g)
+        engine.backward(engine(batch[2 * rank:2 * rank + 2]))
+        engine.step()
+        _reference_step(reference, ref_opt, batch)
+    _assert_matches(model, reference)
+
+
+def test_outputs_in_dicts_namedtuples_and_dataclasses_are_gathered_again_for_backward():
+    run_distributed(structured_outputs_worker, 2)
 
 
 def test_register_external_parameter():

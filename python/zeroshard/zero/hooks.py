@@ -3,6 +3,8 @@ after it; an identity autograd node on its outputs gathers them again just befor
 The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
 backward is done with them; for a module holding frozen parameters, these hooks tell it when every
 autograd node the module's forward created has run (_NodesRun)."""
+import dataclasses
+
 import torch
 
 from zeroshard import _C
@@ -150,7 +152,16 @@ def _lowest_nodes_created(tensors, start, end):
     return lowest if len(found) == end - start else None
 
 
+def _dataclass_fields(x):
+    """The fields a dataclass instance is built from, or None for anything else."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [f.name for f in dataclasses.fields(x) if f.init]
+    return None
+
+
 def _map_outputs(output, fn):
+    """`output` with its tensors (in tensors, lists, tuples, namedtuples, dicts and dataclasses,
+    nested) replaced by fn(all of them)."""
     if torch.is_tensor(output):
         return fn([output])[0]
     tensors = []
@@ -164,6 +175,9 @@ def _map_outputs(output, fn):
         elif isinstance(x, dict):
             for y in x.values():
                 collect(y)
+        elif _dataclass_fields(x):
+            for name in _dataclass_fields(x):
+                collect(getattr(x, name))
     collect(output)
     mapped = iter(fn(tensors)) if tensors else iter(())
 
@@ -176,6 +190,9 @@ def _map_outputs(output, fn):
             return type(x)(rebuild(y) for y in x)
         if isinstance(x, dict):
             return type(x)((k, rebuild(v)) for k, v in x.items())
+        names = _dataclass_fields(x)
+        if names:
+            return dataclasses.replace(x, **{n: rebuild(getattr(x, n)) for n in names})
         return x
     return rebuild(output)
 
