@@ -49,6 +49,15 @@ def test_gathered_parameters_and_modifier_rank():
     run_distributed(gathered_worker, 2)
 
 
+def _with_reference(model, **zero):
+    """A stage-3 engine around `model`, a whole torch copy of it and AdamW on the copy with the
+    engine's settings (lr 1e-3, no weight decay)."""
+    import zeroshard
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, config=_config(**zero))
+    return engine, reference, torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+
+
 def _reference_step(reference, optimizer, batch):
     """One torch step on the global batch: the mean over the two ranks' halves."""
     optimizer.zero_grad()
@@ -146,12 +155,9 @@ class SharedHead(nn.Module):
 
 
 def external_worker(register):
-    import zeroshard
     rank = int(os.environ["RANK"])
     model = SharedHead(register)
-    reference = copy.deepcopy(model)
-    engine, *_ = zeroshard.initialize(model=model, config=_config())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    engine, reference, ref_opt = _with_reference(model)
     g = torch.Generator().manual_seed(7)
     for _ in range(5):
         batch = torch.randint(0, 16, (4, 6), generator=g)
@@ -205,12 +211,9 @@ class StructuredNet(nn.Module):
 
 
 def structured_outputs_worker():
-    import zeroshard
     rank = int(os.environ["RANK"])
     model = StructuredNet()
-    reference = copy.deepcopy(model)
-    engine, *_ = zeroshard.initialize(model=model, config=_config())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    engine, reference, ref_opt = _with_reference(model)
     g = torch.Generator().manual_seed(7)
     for _ in range(3):
         batch = torch.randint(0, 16, (4, 6), generator=g)
@@ -300,12 +303,9 @@ class Switchable(nn.Module):
 
 
 def order_change_worker():
-    import zeroshard
     rank = int(os.environ["RANK"])
     model = Switchable()
-    reference = copy.deepcopy(model)
-    engine, *_ = zeroshard.initialize(model=model, config=_config())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    engine, reference, ref_opt = _with_reference(model)
     g = torch.Generator().manual_seed(3)
     for step in range(6):
         # Every rank changes its module order at step 3: the trace must notice and re-record.
@@ -403,13 +403,10 @@ class Checkpointed(nn.Module):
 
 
 def checkpoint_worker():
-    import zeroshard
     rank = int(os.environ["RANK"])
     model = Checkpointed()
-    reference = copy.deepcopy(model)
-    engine, *_ = zeroshard.initialize(
-        model=model, config=_config(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0))
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0)
+    engine, reference, ref_opt = _with_reference(model, stage3_max_reuse_distance=0,
+                                                 stage3_prefetch_bucket_size=0)
     peaks = []
     for step in range(4):
         x = torch.randn(4, 32, generator=torch.Generator().manual_seed(step))
