@@ -124,7 +124,9 @@ class ParamCoordinator {
     int64_t backward_fetches = 0;
     int64_t backward_nodes_done = 0;  // of those gathers, how many backward_nodes_done covered
     int64_t recompute_holds = 0;    // of those gathers, recomputations' holds not yet covered
-    int64_t training_forwards = 0;  // its forwards ended outside backward since release_gathered
+    // Its forwards ended outside backward since release_gathered (counted for every module,
+    // read only for those holding frozen parameters).
+    int64_t training_forwards = 0;
     int64_t forward_fetches = 0;    // forwards of it begun and not ended
     bool holds_frozen = false;      // frozen parameters that are not persistent
   };

@@ -189,7 +189,7 @@ class ZeroShardEngine(torch.nn.Module):
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._gathered = self._params + frozen
             self._core.attach_parameters(self._gathered)
-            self._frozen_release = zero_hooks.FrozenRelease()
+            self._frozen_release = zero_hooks.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, self._agree_frozen_release = zero_hooks.install(
                 self._core, self.module, self._gathered, self._frozen_release)
             for i, p in enumerate(self._gathered):  # for GatheredParameters
@@ -282,9 +282,9 @@ class ZeroShardEngine(torch.nn.Module):
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary()
         self._core.before_backward(boundary)
-        if self._core.partitions_params and self._agree_frozen_release:
-            self._frozen_release.begin_backward(self._comm, str(self.device))
         try:
+            if self._core.partitions_params and self._agree_frozen_release:
+                self._frozen_release.begin_backward()
             (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
         except BaseException as error:
             # The next backward starts clean; this one's partial gradients stay until zero_grad().

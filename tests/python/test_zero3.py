@@ -173,6 +173,10 @@ class Pair:
     first: torch.Tensor
     second: torch.Tensor
 
+    def __post_init__(self):
+        # Runs when the module builds it, and must not run again when the hooks rebuild it.
+        self.second = self.second * 2
+
 
 class Structured(nn.Module):
     """Returns its two products in the container named by `kind`; autograd must reach the

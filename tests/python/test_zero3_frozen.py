@@ -457,30 +457,41 @@ class Tower(nn.Module):
 
 
 class TwoTowers(nn.Module):
-    def __init__(self):
+    """The tower applied twice, plainly or each time under reentrant checkpointing (whose first
+    forward builds no graph: the recomputations inside backward are what is tracked)."""
+
+    def __init__(self, reentrant):
         super().__init__()
         torch.manual_seed(0)
+        self.reentrant = reentrant
         self.adapter, self.tower, self.head = nn.Linear(D, D), Tower(), nn.Linear(D, 1)
 
     def forward(self, x):
-        a, b = self.tower(self.adapter(x[0])), self.tower(self.adapter(x[1]))
+        from torch.utils.checkpoint import checkpoint
+        if self.reentrant:
+            a = checkpoint(self.tower, self.adapter(x[0]), use_reentrant=True)
+            b = checkpoint(self.tower, self.adapter(x[1]) + a, use_reentrant=True)
+        else:
+            a, b = self.tower(self.adapter(x[0])), self.tower(self.adapter(x[1]))
         return self.head(torch.tanh(a * b)).pow(2).mean()
 
 
-def divergent_graphs_worker():
+def divergent_graphs_worker(reentrant):
     rank = int(os.environ["RANK"])
-    model, reference, engine, seen = _on_demand_engine(TwoTowers(), "adapter")
+    model, reference, engine, seen = _on_demand_engine(TwoTowers(reentrant), "adapter")
     sign = 1.0 if rank == 0 else -1.0  # only rank 0's batch takes the branch
-    x = sign * 50 * torch.randn(2, 2, D, generator=torch.Generator().manual_seed(7))
+    x = sign * 50 * torch.randn(2, 2, D, generator=torch.Generator().manual_seed(7)).abs()
     engine.backward(engine(x), scale_wrt_gas=False)
-    want = torch.autograd.grad(reference(x), reference.adapter.weight)[0]
-    return (seen[0] - want).abs().max().item()
+    reference.zero_grad()
+    reference(x).backward()  # reentrant checkpointing refuses autograd.grad
+    return (seen[0] - reference.adapter.weight.grad).abs().max().item()
 
 
-def test_ranks_whose_graphs_differ_hold_the_same_frozen_modules():
+@pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant-checkpointed"])
+def test_ranks_whose_graphs_differ_hold_the_same_frozen_modules(reentrant):
     # Rank 1 could release the tower after its second forward's nodes and all-gather it again for
     # the first while rank 0, which cannot track them, holds it and issues no all-gather: the
-    # ranks compare which forwards they track at the start of backward, and hold all if they
-    # differ.
-    for error in run_distributed(divergent_graphs_worker, 2, timeout=60):
+    # ranks compare which forwards they track at the start of backward (a recomputation inside
+    # backward, when it ends), and hold all if they differ.
+    for error in run_distributed(divergent_graphs_worker, 2, reentrant, timeout=60):
         assert error == 0.0

@@ -3,6 +3,7 @@ after it; an identity autograd node on its outputs gathers them again just befor
 The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
 backward is done with them; for a module holding frozen parameters, these hooks tell it when every
 autograd node the module's forward created has run (_NodesRun)."""
+import copy
 import dataclasses
 
 import torch
@@ -49,10 +50,6 @@ class _Verdict:
         self.agreed = agreed
 
 
-# A recomputation's forward runs within backward, after the ranks compared their forwards.
-_DURING_BACKWARD = _Verdict(agreed=True)
-
-
 class FrozenRelease:
     """When _NodesRun may release frozen weights: only inside the engine's backward, whose end
     releases everything anyway (autograd.grad before it may leave nodes that read the weights
@@ -61,9 +58,13 @@ class FrozenRelease:
     graph can differ from another's (a data-dependent branch that writes into a slice), and a
     rank that releases a module where another holds it all-gathers it again alone; so at the
     start of each backward the ranks compare which of the forwards since the last one they
-    track, and if they differ none of those is released early."""
+    track, and if they differ none of those is released early. A forward run again within
+    backward (reentrant checkpointing's recomputation, whose first forward built no graph) is
+    compared on its own when it ends: one all-reduce per such forward of a module holding
+    frozen parameters."""
 
-    def __init__(self):
+    def __init__(self, comm, device):
+        self.comm, self.device = comm, device
         self.count, self.digest, self.verdict = 0, 0, _Verdict()
         self.in_backward = False
 
@@ -74,16 +75,25 @@ class FrozenRelease:
         self.digest = (self.digest * 3 + 1 + int(tracked)) % (1 << 61)
         return self.verdict
 
+    def agree_now(self, tracked):
+        """A forward within backward: whether every rank tracks it (every rank runs it, as the
+        recomputation repeats a forward that every rank ran)."""
+        verdict = _Verdict()
+        verdict.agreed = self._compare(int(tracked), 0)
+        return verdict
+
+    def _compare(self, count, digest):
+        mine = torch.tensor([count, -count, digest, -digest], dtype=torch.int64, device=self.device)
+        self.comm.all_reduce_max(mine, "ZeRO-3: which forwards may release frozen parameters")
+        top = mine.tolist()
+        return top[0] == -top[1] and top[2] == -top[3]
+
     def may_arm(self, verdict):
         # Grad mode is on in backward only with create_graph (engine.backward never sets it).
         return verdict.agreed and self.in_backward and not torch.is_grad_enabled()
 
-    def begin_backward(self, comm, device):
-        mine = torch.tensor([self.count, -self.count, self.digest, -self.digest],
-                            dtype=torch.int64, device=device)
-        comm.all_reduce_max(mine, "ZeRO-3: which forwards may release frozen parameters")
-        top = mine.tolist()
-        self.verdict.agreed = top[0] == -top[1] and top[2] == -top[3]
+    def begin_backward(self):
+        self.verdict.agreed = self._compare(self.count, self.digest)
         self.count, self.digest, self.verdict = 0, 0, _Verdict()
         self.in_backward = True
 
@@ -110,7 +120,7 @@ class _NodesRun:
 
     def __init__(self, core, module_id, lowest, gathers, policy):
         self.core, self.module_id, self.gathers, self.total = core, module_id, gathers, len(lowest)
-        self.ran, self.armed, self.policy, self.verdict = set(), False, policy, _DURING_BACKWARD
+        self.ran, self.armed, self.policy, self.verdict = set(), False, policy, None
         for node in lowest:
             seq = node._sequence_nr()
             node.register_hook(lambda grad_inputs, grad_outputs, seq=seq: self.node_ran(seq))
@@ -192,7 +202,12 @@ def _map_outputs(output, fn):
             return type(x)((k, rebuild(v)) for k, v in x.items())
         names = _dataclass_fields(x)
         if names:
-            return dataclasses.replace(x, **{n: rebuild(getattr(x, n)) for n in names})
+            # A shallow copy with the fields set directly: replace() would run __post_init__
+            # again, and a field it transforms would be transformed twice.
+            out = copy.copy(x)
+            for n in names:
+                object.__setattr__(out, n, rebuild(getattr(x, n)))
+            return out
         return x
     return rebuild(output)
 
@@ -239,7 +254,8 @@ def _post_forward(core, module_id, starts, policy):
         end = _C.autograd_sequence_number()  # before _PreBackward adds its node
         start = starts.pop() if starts else None
         during_backward = torch._C._current_graph_task_id() != -1
-        held = core.release(module_id, during_backward)
+        # Held only where the recomputation can save something for backward to read.
+        held = core.release(module_id, during_backward and torch.is_grad_enabled())
         if not torch.is_grad_enabled():
             return output
 
@@ -248,14 +264,22 @@ def _post_forward(core, module_id, starts, policy):
             if not grad:
                 return tensors
             nodes_run = None
-            if start is not None:
+            # Within backward, saved-tensor hooks mean non-reentrant checkpointing's
+            # recomputation (or the user's own hooks): its graph gets no backward of its own, and
+            # when it runs depends on which node first needs it, which can differ between ranks
+            # (no collective may depend on it). Only reentrant recomputations are tracked there.
+            if start is not None and not (
+                    during_backward and torch._C._autograd._top_saved_tensors_default_hooks(False)):
                 lowest = _lowest_nodes_created(grad, start, end)
                 if lowest is not None:
                     nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
-                if not during_backward:
+                if during_backward:
+                    verdict = policy.agree_now(nodes_run is not None) if policy.in_backward \
+                        else _Verdict()
+                else:
                     verdict = policy.record(nodes_run is not None)
-                    if nodes_run is not None:
-                        nodes_run.verdict = verdict
+                if nodes_run is not None:
+                    nodes_run.verdict = verdict
             wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
             wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
             return [next(wrapped) if t.requires_grad else t for t in tensors]
