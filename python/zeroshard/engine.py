@@ -185,13 +185,15 @@ class ZeroShardEngine(torch.nn.Module):
                                       [[None if s is None else list(s) for s in ss] for ss in shapes],
                                       frozen, [None if s is None else list(s) for s in frozen_shapes])
         self._params = [p for _, ps in groups for p in ps]
+        self._frozen_release = None  # stage 3 with partitioned frozen parameters only
         if self._core.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._gathered = self._params + frozen
             self._core.attach_parameters(self._gathered)
-            self._frozen_release = zero_hooks.FrozenRelease(self._comm, str(self.device))
-            self._zero3_hooks, self._agree_frozen_release = zero_hooks.install(
-                self._core, self.module, self._gathered, self._frozen_release)
+            policy = zero_hooks.FrozenRelease(self._comm, str(self.device))
+            self._zero3_hooks, any_frozen = zero_hooks.install(
+                self._core, self.module, self._gathered, policy)
+            self._frozen_release = policy if any_frozen else None
             for i, p in enumerate(self._gathered):  # for GatheredParameters
                 p._zeroshard_core, p._zeroshard_index = self._core, i
         else:
@@ -283,7 +285,7 @@ class ZeroShardEngine(torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         self._core.before_backward(boundary)
         try:
-            if self._core.partitions_params and self._agree_frozen_release:
+            if self._frozen_release is not None:
                 self._frozen_release.begin_backward()
             (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
         except BaseException as error:
@@ -291,7 +293,7 @@ class ZeroShardEngine(torch.nn.Module):
             self._clean_up_after(error, self._core.abort_backward)
             raise
         finally:
-            if self._core.partitions_params:
+            if self._frozen_release is not None:
                 self._frozen_release.end_backward()
         self._core.after_backward(boundary)
         # Summed on the loss's device; read only when a progress line is printed.

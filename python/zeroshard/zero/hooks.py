@@ -78,9 +78,7 @@ class FrozenRelease:
     def agree_now(self, tracked):
         """A forward within backward: whether every rank tracks it (every rank runs it, as the
         recomputation repeats a forward that every rank ran)."""
-        verdict = _Verdict()
-        verdict.agreed = self._compare(int(tracked), 0)
-        return verdict
+        return _Verdict(self._compare(int(tracked), 0))
 
     def _compare(self, count, digest):
         mine = torch.tensor([count, -count, digest, -digest], dtype=torch.int64, device=self.device)
@@ -185,8 +183,8 @@ def _map_outputs(output, fn):
         elif isinstance(x, dict):
             for y in x.values():
                 collect(y)
-        elif _dataclass_fields(x):
-            for name in _dataclass_fields(x):
+        elif names := _dataclass_fields(x):
+            for name in names:
                 collect(getattr(x, name))
     collect(output)
     mapped = iter(fn(tensors)) if tensors else iter(())
