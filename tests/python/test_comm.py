@@ -152,6 +152,25 @@ def test_descriptions_carry_bytes_and_the_flight_recorder_keeps_the_latest():
     assert recent[0] == "#1 broadcast(params, root 1, 3 x BFloat16, 6 B) done"
 
 
+def test_the_backend_never_holds_the_callers_tensor():
+    # Gloo's worker thread keeps a collective's tensors until it drops the work, which can be after
+    # wait() returned. Were they the caller's own, the worker could drop the last reference to a
+    # tensor with a Python object, which takes the GIL: at interpreter exit that aborts the process.
+    # The bindings hand the backend a tensor of their own over the same storage, so the caller's
+    # tensor is referenced by its Python object alone as soon as a call returns.
+    def body(c):
+        held = 0
+        for i in range(500):
+            t = torch.ones(64)
+            c.broadcast(t, 0, "params")
+            c.all_reduce(t, "sum")
+            c.all_reduce_max(t, "max")
+            held += t._use_count() > 1
+            assert torch.equal(t, torch.full((64,), 2.0))  # the results still land in t
+        return held
+    assert on_ranks(2, body) == [0, 0]
+
+
 @pytest.mark.parametrize("case", ["what", "numel", "dtype", "op"])
 def test_debug_mode_raises_the_same_mismatch_on_every_rank(case):
     """The agreement check runs before the collective reaches Gloo, so nothing is left in flight."""
