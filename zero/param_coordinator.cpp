@@ -267,10 +267,19 @@ void ParamCoordinator::maybe_release_after_backward(int64_t mid) {
   m.backward_nodes_done = m.recompute_holds = 0;
 }
 
-void ParamCoordinator::write_back(int64_t param_index) {
+void ParamCoordinator::write_back(int64_t param_index, int modifier_rank) {
   Param& p = params_.at(size_t(param_index));
   ZS_CHECK(p.gathered, "write_back: parameter ", param_index, " is not gathered");
-  groups_[size_t(p.group)]->write_chunk(p.index, p.tensor, comm_->rank());
+  // detach(): no autograd history reaches the chunks, and the backend gets a tensor without the
+  // Parameter's Python object, which its worker thread must not be the last to drop (see bare() in
+  // python/csrc/bind_runtime.cpp).
+  const at::Tensor values = p.tensor.detach();
+  if (modifier_rank >= 0 && comm_->world_size() > 1) {
+    comm_->broadcast(values, modifier_rank,
+                     detail::cat("GatheredParameters: parameter ", param_index, " from rank ", modifier_rank))
+        .wait();
+  }
+  groups_[size_t(p.group)]->write_chunk(p.index, values, comm_->rank());
 }
 
 void ParamCoordinator::release_gathered() {

@@ -67,10 +67,11 @@ class ParamCoordinator {
   // Whether the module holds partitioned frozen parameters (only those need the report above).
   bool holds_frozen(int64_t module_id) const;
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
-  // taking a gathered parameter's (edited) full values back into this rank's chunks.
+  // taking a gathered parameter's (edited) full values back into this rank's chunks; with a
+  // modifier_rank (>= 0), that rank's values, broadcast, are what every rank keeps.
   void fetch_params(const std::vector<int64_t>& param_indices);
   void release_params(const std::vector<int64_t>& param_indices);
-  void write_back(int64_t param_index);
+  void write_back(int64_t param_index, int modifier_rank = -1);
   // The root module's forward starts and ends. A forward without autograd (evaluation under
   // torch.no_grad, generation) has no backward to end its iteration and does not run in the
   // training order, so it follows a trace of its own and ends at end_forward, which releases

@@ -162,8 +162,9 @@ void bind_zero(py::module_& m) {
       .def("release_params",
            [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().release_params(ids); },
            py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
-      .def("write_back", [](ZeroOptimizer& o, int64_t i) { o.coordinator().write_back(i); },
-           py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
+      .def("write_back",
+           [](ZeroOptimizer& o, int64_t i, int modifier_rank) { o.coordinator().write_back(i, modifier_rank); },
+           py::arg("param_index"), py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("live_gathered_numel",
                              [](ZeroOptimizer& o) { return o.coordinator().live_gathered_numel(); })
       .def_property_readonly("peak_gathered_numel",

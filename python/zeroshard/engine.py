@@ -150,10 +150,14 @@ class ZeroShardEngine(torch.nn.Module):
         # Frozen parameters and buffers follow rank 0 too (trainable ones are broadcast in C++;
         # chunks from zero.Init already hold rank 0's values).
         with torch.no_grad():
-            for t in list(self.module.buffers()) + [p for p in self.module.parameters()
-                                                    if id(p) not in trainable_ids]:
+            for name, t in list(self.module.named_buffers()) + [
+                    (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable_ids]:
                 if self.world_size > 1 and full_shape(t) is None:
-                    dist.broadcast(t.data, 0)
+                    data = t.data
+                    whole = data.contiguous()  # collectives take contiguous tensors
+                    self._comm.broadcast(whole, 0, f"initial {name}")
+                    if whole.data_ptr() != data.data_ptr():
+                        data.copy_(whole)
             self.module.to(self.dtype)
         chunked = [n for n, p in self.module.named_parameters() if full_shape(p) is not None]
         if chunked and self._settings["stage"] != 3:
@@ -413,7 +417,7 @@ class ZeroShardEngine(torch.nn.Module):
             torch.save(state, tmp)
             os.replace(tmp, path)  # never a half-written file under the final name
         if self.world_size > 1:
-            dist.barrier()
+            self._comm.barrier(f"save_16bit_model: rank 0 writes {save_filename}")
         return True
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,

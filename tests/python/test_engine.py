@@ -21,6 +21,44 @@ def _base_config(**over):
     return cfg
 
 
+# ----- initialize: every rank starts from rank 0's values -----
+
+class _RankSeeded(torch.nn.Module):
+    """A trainable layer, a frozen one and a buffer (a transposed view, not contiguous) whose
+    values depend on the rank that builds them."""
+
+    def __init__(self, rank):
+        super().__init__()
+        torch.manual_seed(rank)
+        self.body = torch.nn.Linear(6, 6)
+        self.frozen = torch.nn.Linear(6, 6).requires_grad_(False)
+        self.register_buffer("table", torch.randn(6, 4).t())
+
+    def forward(self, x):
+        return (self.frozen(torch.tanh(self.body(x))).sum(-1) + self.table.sum()).pow(2).mean()
+
+
+def rank0_values_worker(stage):
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank = int(os.environ["RANK"])
+    expected = _RankSeeded(0).state_dict()
+    model = _RankSeeded(rank)
+    engine, *_ = zeroshard.initialize(model=model, config=_base_config(zero_optimization={"stage": stage}))
+    recent = engine._comm.recent_collectives()
+    with GatheredParameters(list(model.parameters())):
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, expected[name]), f"rank {rank}: {name}"
+    return recent
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_every_rank_starts_from_rank_0s_parameters_and_buffers(stage):
+    for recent in run_distributed(rank0_values_worker, 2, stage):
+        # Frozen parameters and buffers go by the engine's communicator, named in its errors.
+        assert "initial table" in recent and "initial frozen.weight" in recent, recent
+
+
 # ----- stages 0/1: what param.grad holds when -----
 
 class _LateUse(torch.nn.Module):

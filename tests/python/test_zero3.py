@@ -38,6 +38,24 @@ def gathered_worker():
                 weight.fill_(0.5)                   # only rank 0 edits
     with GatheredParameters(weight):
         assert torch.all(weight == 0.5)             # every rank sees rank 0's edit
+    # The edit travels on the engine's communicator, numbered and named like its other collectives.
+    assert "GatheredParameters: parameter" in engine._comm.recent_collectives()
+    with GatheredParameters(weight, modifier_rank=1):
+        if rank == 1:
+            with torch.no_grad():
+                weight.fill_(0.25)
+    with GatheredParameters(weight):
+        assert torch.all(weight == 0.25)            # and from any rank
+        with torch.no_grad():
+            weight.fill_(0.5)                       # a block without modifier_rank keeps nothing
+    with GatheredParameters(weight):
+        assert torch.all(weight == 0.25)
+    with pytest.raises(ValueError, match=r"modifier_rank=2\): expected None or a rank in 0..1"):
+        GatheredParameters(weight, modifier_rank=2)
+    with GatheredParameters(weight, modifier_rank=0):
+        if rank == 0:
+            with torch.no_grad():
+                weight.fill_(0.5)
     loss = engine(global_batch("gpt", 0, 4)[2 * rank:2 * rank + 2])
     engine.backward(loss)
     engine.step()                                   # training goes on from the edited values
@@ -534,6 +552,27 @@ def init_misuse_worker(case):
 @pytest.mark.parametrize("case", ["stage2", "left-out"])
 def test_a_zero_init_model_outside_stage_3_or_the_optimizer_is_refused(case):
     run_distributed(init_misuse_worker, 2, case)
+
+
+def init_mismatch_worker():
+    import zeroshard
+    from zeroshard import _C
+    rank = int(os.environ["RANK"])
+    zeroshard.init_distributed()
+    with pytest.raises(_C.CommError) as error:
+        with zeroshard.zero.Init():
+            nn.Linear(8, 8 if rank == 0 else 4)  # rank 1 builds another model
+    return str(error.value)
+
+
+def test_ranks_that_build_different_models_under_zero_init_get_an_error_naming_the_parameter():
+    # zero.Init's broadcasts are numbered and watched like the engine's collectives: the agreement
+    # check stops both ranks at the first parameter, named, instead of a hang or a size mismatch
+    # inside Gloo.
+    messages = run_distributed(init_mismatch_worker, 2, env={"ZEROSHARD_DEBUG_COLLECTIVES": "1"})
+    for message in messages:
+        assert "zero.Init: Linear.weight" in message, message
+        assert "64 x Float, 256 B" in message and "32 x Float, 128 B" in message, message
 
 
 # ----- bench/zero3_single.py: the single-process run's prediction against the accounting -----

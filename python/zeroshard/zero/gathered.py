@@ -9,6 +9,12 @@ class GatheredParameters:
         if isinstance(params, torch.Tensor):
             params = [params]
         self.params = [p for p in params if getattr(p, "_zeroshard_core", None) is not None]
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if modifier_rank is not None and (isinstance(modifier_rank, bool) or
+                                          not isinstance(modifier_rank, int) or
+                                          not 0 <= modifier_rank < world):
+            raise ValueError(f"GatheredParameters(modifier_rank={modifier_rank!r}): expected None "
+                             f"or a rank in 0..{world - 1}")
         self.modifier_rank = modifier_rank
         self.enabled = enabled and bool(self.params)
         # Parameters that are not partitioned (stages 0-2, frozen ones) are whole already.
@@ -31,10 +37,7 @@ class GatheredParameters:
         for core, params in self._by_core():
             indices = [p._zeroshard_index for p in params]
             if self.modifier_rank is not None and exc[0] is None:
-                with torch.no_grad():
-                    for p in params:
-                        if dist.is_initialized() and dist.get_world_size() > 1:
-                            dist.broadcast(p.data, self.modifier_rank)
-                        core.write_back(p._zeroshard_index)
+                for i in indices:  # broadcast by the engine's communicator, numbered and watched
+                    core.write_back(i, self.modifier_rank)
             core.release_params(indices)
         return False

@@ -13,15 +13,17 @@ def _all_subclasses(cls):
         yield from _all_subclasses(sub)
 
 
-def partition_parameter(param: torch.nn.Parameter, rank: int, world: int, src: int = 0):
-    """Keeps this rank's chunk of `param` (ceil(numel / world) elements, zero-padded)."""
+def partition_parameter(param: torch.nn.Parameter, comm, what: str, src: int = 0):
+    """Keeps this rank's chunk of `param` (ceil(numel / world) elements, zero-padded). `comm`: a
+    zeroshard communicator; `what` names the parameter in its errors."""
     if hasattr(param, _SHAPE):
         return
     shape = tuple(param.shape)
+    rank, world = comm.rank, comm.world_size
     with torch.no_grad():
         flat = param.data.reshape(-1)
         if world > 1:
-            dist.broadcast(flat, src)  # every rank partitions rank 0's values
+            comm.broadcast(flat, src, what)  # every rank partitions rank 0's values
         chunk = (flat.numel() + world - 1) // world
         mine = flat.new_zeros(chunk)
         held = max(0, min(chunk, flat.numel() - rank * chunk))
@@ -50,6 +52,7 @@ class Init:
         self.enabled = enabled
         self.dtype = dtype
         self.group = data_parallel_group
+        self._comm = None
         self._patched = []
         if module is not None and enabled:
             self._start()
@@ -58,16 +61,23 @@ class Init:
             self._stop()
 
     def _start(self):
-        from zeroshard.comm import init_distributed
+        from zeroshard import _C
+        from zeroshard.comm import init_distributed, timeout_seconds
         init_distributed()
-        self.rank = dist.get_rank(self.group)
-        self.world = dist.get_world_size(self.group)
+        # A communicator of our own, numbered and watched like the engine's: a rank that builds a
+        # different model ends with an error naming the parameter instead of hanging. The default
+        # store serves the whole world only.
+        if self.group is None:
+            self._comm = _C.Comm(dist.group.WORLD, timeout_seconds(),
+                                 store=dist.distributed_c10d._get_default_store())
+        else:
+            self._comm = _C.Comm(self.group, timeout_seconds(), debug_collectives=False)
 
     def _partition(self, module):
-        for p in module.parameters(recurse=False):
+        for name, p in module.named_parameters(recurse=False):
             if self.dtype is not None and p.is_floating_point():
                 p.data = p.data.to(self.dtype)
-            partition_parameter(p, self.rank, self.world)
+            partition_parameter(p, self._comm, f"zero.Init: {type(module).__name__}.{name}")
 
     def _wrap(self, cls):
         original = cls.__dict__.get("__init__")
@@ -98,3 +108,4 @@ class Init:
         for cls, original in reversed(self._patched):
             cls.__init__ = original
         self._patched.clear()
+        self._comm = None
