@@ -193,13 +193,17 @@ class ZeroShardEngine(torch.nn.Module):
         if self._core.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._gathered = self._params + frozen
+            shapes = [torch.Size(full_shape(p) or p.shape) for p in self._gathered]
             self._core.attach_parameters(self._gathered)
             policy = zero_hooks.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, any_frozen = zero_hooks.install(
                 self._core, self.module, self._gathered, policy)
             self._frozen_release = policy if any_frozen else None
-            for i, p in enumerate(self._gathered):  # for GatheredParameters
-                p._zeroshard_core, p._zeroshard_index = self._core, i
+            for i, (p, shape) in enumerate(zip(self._gathered, shapes)):
+                p._zeroshard_core, p._zeroshard_index = self._core, i  # for GatheredParameters
+                # DeepSpeed's names for the whole shape, which scripts read while p is empty
+                # (peft counts parameters by ds_numel).
+                p.ds_id, p.ds_shape, p.ds_numel = i, shape, shape.numel()
         else:
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
                 p.data = view

@@ -29,6 +29,10 @@ def gathered_worker():
     engine, *_ = zeroshard.initialize(model=model, config=_config())
     weight, ref_weight = model.blocks[0].fc.weight, reference.blocks[0].fc.weight
     assert weight.numel() == 0                      # partitioned: nothing whole on any rank
+    # DeepSpeed's attributes give the whole sizes meanwhile (peft counts parameters by ds_numel).
+    assert weight.ds_shape == ref_weight.shape and weight.ds_numel == ref_weight.numel()
+    assert sum(p.ds_numel for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+    assert sorted(p.ds_id for p in model.parameters()) == list(range(len(list(reference.parameters()))))
     with GatheredParameters([weight]):
         assert torch.equal(weight, ref_weight)      # whole, and rank 0's initial values
     assert weight.numel() == 0                      # released again
@@ -494,6 +498,7 @@ def init_worker():
     # gradients into lr-sized moves (AdamW parity is covered on the GPT in test_zero_parity.py).
     cfg = {**_config(), "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}}
     engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    assert [p.ds_shape for p in model.parameters()] == [p.shape for p in reference.parameters()]
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(11)
     for _ in range(3):
