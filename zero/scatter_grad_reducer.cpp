@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 
 namespace zeroshard {
@@ -11,15 +13,23 @@ ScatterGradReducer::ScatterGradReducer(const std::vector<FlatGroup*>& groups,
                                        std::shared_ptr<Comm> comm, const ReduceOptions& options,
                                        MemoryAccount& memory)
     : StagedReducer(groups, std::move(comm), options, memory) {
+  const int64_t world = comm_->world_size();
   for (const BucketSpec& spec : plan_.buckets) {
     const ChunkLayout& L = groups_[size_t(spec.group)]->chunk_layout();
-    Bucket b;
-    b.spec = spec;
-    b.local_begin = L.local_offsets[size_t(spec.first_param)];
+    const int64_t begin = L.local_offsets[size_t(spec.first_param)];
     const size_t last = size_t(spec.end_param - 1);
-    b.local_numel = L.local_offsets[last] + L.chunks[last] - b.local_begin;  // chunks per rank
-    b.staged_numel = b.local_numel * comm_->world_size();
-    add_bucket(std::move(b));
+    const int64_t local = L.local_offsets[last] + L.chunks[last] - begin;  // chunks per rank
+    // A parameter larger than a bucket: pieces of its chunk, world parts of them per bucket.
+    const int64_t step = spec.numel > opt_.bucket_numel ? std::max<int64_t>(1, opt_.bucket_numel / world)
+                                                        : local;
+    for (int64_t at = 0; at < local; at += step) {
+      Bucket b;
+      b.spec = spec;
+      b.local_begin = begin + at;
+      b.local_numel = std::min(step, local - at);
+      b.staged_numel = b.local_numel * world;
+      add_bucket(std::move(b));
+    }
   }
   // Each bucket's part of the gradient shard is a segment of its own, allocated when the bucket
   // is first reduced (see FlatGroup::segment_grads).
@@ -34,14 +44,15 @@ void ScatterGradReducer::stage(const Bucket& b, at::Tensor staging, int64_t inde
                                const at::Tensor& grad) {
   const ChunkLayout& L = groups_[size_t(b.spec.group)]->chunk_layout();
   const int64_t t = index - group_base_[size_t(b.spec.group)];
+  const int64_t chunk = L.chunks[size_t(t)];
   const at::Tensor flat = grad.reshape(-1);
-  const int64_t into = L.local_offsets[size_t(t)] - b.local_begin;
+  // The elements of each rank's chunk that this bucket holds: all, or one piece.
+  const int64_t from = std::max<int64_t>(0, b.local_begin - L.local_offsets[size_t(t)]);
+  const int64_t to = std::min(chunk, b.local_begin + b.local_numel - L.local_offsets[size_t(t)]);
+  const int64_t into = L.local_offsets[size_t(t)] + from - b.local_begin;
   for (int64_t r = 0; r < comm_->world_size(); ++r) {
-    const int64_t held = L.held_numel(t, r);
-    if (held > 0) {
-      staging.narrow(0, r * b.local_numel + into, held)
-          .copy_(flat.narrow(0, r * L.chunks[size_t(t)], held));
-    }
+    const int64_t n = std::min(to, L.held_numel(t, r)) - from;
+    if (n > 0) staging.narrow(0, r * b.local_numel + into, n).copy_(flat.narrow(0, r * chunk + from, n));
   }
 }
 

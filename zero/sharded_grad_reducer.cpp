@@ -12,17 +12,26 @@ ShardedGradReducer::ShardedGradReducer(const std::vector<FlatGroup*>& groups,
                                        MemoryAccount& memory)
     : StagedReducer(groups, std::move(comm), options, memory) {
   for (const BucketSpec& spec : plan_.buckets) {
-    Bucket b;
-    b.spec = spec;
-    b.staged_numel = spec.numel;  // reduced in place
-    add_bucket(std::move(b));
+    // Only a bucket of one parameter can be larger than bucket_numel: its pieces are ranges of
+    // the flat layout like any bucket.
+    for (int64_t at = 0; at < spec.numel; at += opt_.bucket_numel) {
+      Bucket b;
+      b.spec = spec;
+      b.spec.offset = spec.offset + at;
+      b.spec.numel = std::min(opt_.bucket_numel, spec.numel - at);
+      b.staged_numel = b.spec.numel;  // reduced in place
+      add_bucket(std::move(b));
+    }
   }
 }
 
 void ShardedGradReducer::stage(const Bucket& b, at::Tensor staging, int64_t index,
                                const at::Tensor& grad) {
-  staging.narrow(0, plan_.param_offset[size_t(index)] - b.spec.offset, grad.numel())
-      .copy_(grad.reshape(-1));
+  const int64_t offset = plan_.param_offset[size_t(index)];
+  const int64_t begin = std::max(offset, b.spec.offset);
+  const int64_t end = std::min(offset + grad.numel(), b.spec.offset + b.spec.numel);
+  staging.narrow(0, begin - b.spec.offset, end - begin)
+      .copy_(grad.reshape(-1).narrow(0, begin - offset, end - begin));
 }
 
 CommWork ShardedGradReducer::reduce(const Bucket&, at::Tensor staging, const std::string& what) {

@@ -21,6 +21,16 @@ StagedReducer::StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_
     base += g->num_tensors();
   }
   plan_ = plan_buckets(layouts, opt_.bucket_numel);
+  param_buckets_.assign(plan_.bucket_of_param.size(), {-1, 0});
+}
+
+void StagedReducer::add_bucket(Bucket b) {
+  const int64_t id = int64_t(buckets_.size());
+  for (int64_t i = b.spec.first_param; i < b.spec.end_param; ++i) {
+    auto& [first, count] = param_buckets_[size_t(group_base_[size_t(b.spec.group)] + i)];
+    if (count++ == 0) first = id;
+  }
+  buckets_.push_back(std::move(b));
 }
 
 StagedReducer::~StagedReducer() {
@@ -57,18 +67,21 @@ at::TensorOptions StagedReducer::comm_options() const {
 void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
   ZS_CHECK(index >= 0 && index < num_params(), "gradient reducer: parameter index ", index,
            " is outside 0..", num_params() - 1);
-  Bucket& b = buckets_[size_t(plan_.bucket_of_param[size_t(index)])];
-  ZS_CHECK(b.state == Bucket::State::idle || b.state == Bucket::State::filling,
-           "gradient of parameter ", index,
-           " arrived twice in one backward (its bucket is already being reduced)");
-  if (b.state == Bucket::State::idle) {
-    b.buffer = acquire_buffer(b);
-    // Zeroed: padding and parameters without a gradient contribute zeros.
-    staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel).zero_();
-    b.state = Bucket::State::filling;
+  const auto [first, count] = param_buckets_[size_t(index)];
+  for (int64_t id = first; id < first + count; ++id) {
+    Bucket& b = buckets_[size_t(id)];
+    ZS_CHECK(b.state == Bucket::State::idle || b.state == Bucket::State::filling,
+             "gradient of parameter ", index,
+             " arrived twice in one backward (its bucket is already being reduced)");
+    if (b.state == Bucket::State::idle) {
+      b.buffer = acquire_buffer(b);
+      // Zeroed: padding and parameters without a gradient contribute zeros.
+      staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel).zero_();
+      b.state = Bucket::State::filling;
+    }
+    if (grad.defined()) stage(b, staging_[size_t(b.buffer)], index, grad);
+    if (++b.ready == b.spec.num_params()) start(b);
   }
-  if (grad.defined()) stage(b, staging_[size_t(b.buffer)], index, grad);
-  if (++b.ready == b.spec.num_params()) start(b);
 }
 
 void StagedReducer::start(Bucket& b) {

@@ -3,12 +3,15 @@
 // param.grad), every bucket is reduced on every micro-step in its staging buffer, and each rank
 // adds its part of the result into its gradient shard, where gradient accumulation happens.
 // Staging buffers come from a small pool: two with overlap_comm (one filling while one is
-// reduced), one without; a pool that runs out first finishes its oldest reduction. Subclasses say
-// how a gradient is staged, which in-place collective reduces a bucket, and where this rank's part
-// of the result goes.
+// reduced), one without; a pool that runs out first finishes its oldest reduction. A parameter
+// larger than a bucket is reduced in pieces, one bucket each, so that staging never exceeds a
+// bucket: its gradient fills one piece while the previous one is reduced. Subclasses say how a
+// gradient is staged, which in-place collective reduces a bucket, and where this rank's part of
+// the result goes.
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm.h"
@@ -45,9 +48,11 @@ class StagedReducer : public Reducer {
 
   StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_ptr<Comm> comm,
                 const ReduceOptions& options, MemoryAccount& memory);
-  // Called by the subclass constructor once every bucket's sizes are known.
-  void add_bucket(Bucket b) { buckets_.push_back(std::move(b)); }
-  // Copies parameter `index`'s gradient into the bucket's staging buffer.
+  // Called by the subclass constructor once every bucket's sizes are known, in plan order (the
+  // pieces of one parameter one after another).
+  void add_bucket(Bucket b);
+  // Copies the part of parameter `index`'s gradient that the bucket holds (all of it, or one
+  // piece) into the bucket's staging buffer.
   virtual void stage(const Bucket& b, at::Tensor staging, int64_t index, const at::Tensor& grad) = 0;
   // Starts the bucket's in-place collective on its staging buffer.
   virtual CommWork reduce(const Bucket& b, at::Tensor staging, const std::string& what) = 0;
@@ -69,6 +74,8 @@ class StagedReducer : public Reducer {
   void complete(Bucket& b);
 
   std::vector<Bucket> buckets_;
+  // Global parameter index -> its first bucket and how many (more than one: pieces).
+  std::vector<std::pair<int64_t, int64_t>> param_buckets_;
   std::vector<at::Tensor> staging_;
   std::vector<bool> busy_;
   std::vector<int64_t> in_flight_;  // bucket indices in the order they started

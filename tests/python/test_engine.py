@@ -293,6 +293,61 @@ def test_staging_holds_at_most_8m_elements_with_or_without_overlap(stage):
         assert staged <= 8_000_000 * 4
 
 
+class _BigEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(1000, 23)  # 23000 elements: more than one bucket
+        self.head = torch.nn.Linear(23, 1)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids)).square().mean()
+
+
+def big_parameter_worker(stage, overlap_comm):
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = _BigEmbedding()
+    reference = copy.deepcopy(model)
+    cfg = _base_config(optimizer={"type": "SGD", "params": {"lr": 0.5}}, gradient_accumulation_steps=2,
+                       zero_optimization={"stage": stage, "overlap_comm": overlap_comm,
+                                          "reduce_bucket_size": 5000,
+                                          "stage3_param_persistence_threshold": 0})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        batches = [torch.randint(0, 1000, (2 * world, 64), generator=g) for _ in range(2)]
+        for ids in batches:
+            engine.backward(engine(ids[2 * rank:2 * rank + 2]))
+            engine.step()
+        ref_opt.zero_grad()
+        for ids in batches:
+            for r in range(world):
+                (reference(ids[2 * r:2 * r + 2]) / (2 * world)).backward()
+        ref_opt.step()
+    with GatheredParameters(list(model.parameters())):
+        for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+            err, scale = (a - b).abs().max().item(), b.abs().max().item()
+            assert err <= 1e-5 * scale, f"rank {rank}: {name} off by {err:.3e} (scale {scale:.3e})"
+    return engine._core.num_buckets, engine._core.memory.peak_bytes()["comm_buffers"]
+
+
+@pytest.mark.parametrize("stage,overlap_comm,world", [(2, True, 2), (2, False, 3), (3, True, 3), (3, False, 2)])
+def test_a_parameter_larger_than_a_bucket_is_reduced_in_pieces(stage, overlap_comm, world):
+    # The 23000-element embedding is reduced in pieces of at most reduce_bucket_size (5000)
+    # staged elements, so the staging pool holds buckets of that size instead of the whole
+    # embedding twice: stage 2 pieces of 5000 of its elements, stage 3 pieces of 5000 // world of
+    # each rank's chunk (23000 / 3 does not divide: the last rank's chunk is one shorter).
+    buckets, staged = run_distributed(big_parameter_worker, world, stage, overlap_comm)[0]
+    piece = 5000 if stage == 2 else 5000 // world * world
+    chunk = 23000 if stage == 2 else -(-23000 // world)
+    pieces = -(-chunk // (5000 if stage == 2 else 5000 // world))
+    assert buckets == pieces + 1, buckets                     # and one bucket for the head
+    assert staged == (2 if overlap_comm else 1) * piece * 4, staged
+
+
 def zero3_comm_buffer_worker(gas):
     import zeroshard
     torch.manual_seed(0)
