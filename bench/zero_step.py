@@ -204,7 +204,7 @@ def worker(a):
     result = {"impl": impl, "label": label, "stage": stage, "rank": rank}
 
     torch.manual_seed(1234)
-    model = GPT(vocab_size=256, seq_len=a.seq_len, d_model=a.d_model, n_layers=a.n_layers,
+    model = GPT(vocab_size=a.vocab, seq_len=a.seq_len, d_model=a.d_model, n_layers=a.n_layers,
                 n_heads=a.n_heads)
     result["params"] = num_params(model)
     data = ByteWindows(stdlib_text_bytes(), a.seq_len)
@@ -357,7 +357,7 @@ def run_impl(impl, a, result_dir, memtrack=None):
     python = a.ds_python if impl.startswith("ds") else sys.executable
     port = _free_port()
     worker_args = [python, os.path.abspath(__file__), "--worker", impl, "--result-dir", result_dir]
-    for k in ("d_model", "n_layers", "n_heads", "seq_len", "micro", "warmup", "steps", "dtype", "lr",
+    for k in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "micro", "warmup", "steps", "dtype", "lr",
               "torch_adamw", "reduce_bucket_size"):
         worker_args += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
     procs, logs = [], []
@@ -475,6 +475,9 @@ def print_table(rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--vocab", type=int, default=256,
+                   help="vocabulary size (the data are bytes; a larger one only widens the "
+                        "embedding and the head, e.g. 50257 for GPT-2's)")
     p.add_argument("--d-model", dest="d_model", type=int, default=768)
     p.add_argument("--n-layers", dest="n_layers", type=int, default=14)
     p.add_argument("--n-heads", dest="n_heads", type=int, default=12)
