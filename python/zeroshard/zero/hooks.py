@@ -220,8 +220,9 @@ def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
         lambda m, args: core.begin_forward(torch.is_grad_enabled()), prepend=True)]
     module_id, any_frozen = 0, False
     for m in module.modules():
-        used = list(m.parameters(recurse=False)) + list(m.__dict__.get(_EXTERNAL, []))
-        ids = sorted({index[id(p)] for p in used if id(p) in index})
+        if isinstance(m, _CONTAINERS) and m is not module:
+            continue  # never runs a forward: the module that holds it reads its parameters
+        ids = sorted({index[id(p)] for p in _used_parameters(m) if id(p) in index})
         if not ids:
             continue
         core.register_module(module_id, ids)
@@ -237,6 +238,20 @@ def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
         module_id += 1
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles, any_frozen
+
+
+# Parameter containers without a forward of their own.
+_CONTAINERS = (torch.nn.ParameterList, torch.nn.ParameterDict)
+
+
+def _used_parameters(m):
+    """The parameters gathered around m's forward: its own, those of the ParameterList and
+    ParameterDict it holds (at any depth), and those registered as external to it."""
+    used = list(m.parameters(recurse=False))
+    for child in m.children():
+        if isinstance(child, _CONTAINERS):
+            used += _used_parameters(child)
+    return used + list(m.__dict__.get(_EXTERNAL, []))
 
 
 def _pre_forward(core, module_id, starts):
