@@ -4,8 +4,8 @@
 // adds its part of the result into its gradient shard, where gradient accumulation happens.
 // Staging buffers come from a small pool: two with overlap_comm (one filling while one is
 // reduced), one without; a pool that runs out first finishes its oldest reduction. A parameter
-// larger than a bucket is reduced in pieces, one bucket each, so that staging never exceeds a
-// bucket: its gradient fills one piece while the previous one is reduced. Subclasses say how a
+// larger than a bucket is reduced in pieces, one bucket each, so that it needs no staging of its
+// own size (with overlap_comm one piece fills while the one before is reduced). Subclasses say how a
 // gradient is staged, which in-place collective reduces a bucket, and where this rank's part of
 // the result goes.
 #pragma once

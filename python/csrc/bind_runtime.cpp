@@ -19,7 +19,8 @@ namespace {
 // can be after wait() returned and the caller let go (in 113 and 129 of 500 rounds of
 // test_the_backend_never_holds_the_callers_tensor before this). Dropping the last reference to a
 // tensor that has a Python object takes the GIL; once the interpreter has begun to exit, that ends
-// the worker thread inside a noexcept frame, and the process aborts (std::terminate).
+// the worker thread inside a noexcept frame, and the process aborts (std::terminate). The storage
+// stays shared: one with a Python object of its own (untyped_storage(), torch.load) is not covered.
 at::Tensor bare(const at::Tensor& t) { return t.detach(); }
 
 }  // namespace

@@ -193,7 +193,8 @@ class ZeroShardEngine(torch.nn.Module):
         if self._core.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._gathered = self._params + frozen
-            shapes = [torch.Size(full_shape(p) or p.shape) for p in self._gathered]
+            shapes = [torch.Size(p.shape if full_shape(p) is None else full_shape(p))
+                      for p in self._gathered]
             self._core.attach_parameters(self._gathered)
             policy = zero_hooks.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, any_frozen = zero_hooks.install(

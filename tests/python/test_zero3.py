@@ -253,6 +253,44 @@ def test_outputs_in_dicts_namedtuples_and_dataclasses_are_gathered_again_for_bac
     run_distributed(structured_outputs_worker, 2)
 
 
+class ParameterContainers(nn.Module):
+    """Parameters in a ParameterList and a ParameterDict (one nested in the other), read by
+    the module that holds them: the containers never run a forward of their own."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(16, 12)
+        self.layers = nn.ParameterList([nn.Parameter(torch.randn(12, 12) / 4) for _ in range(2)])
+        self.extra = nn.ParameterDict({"scale": nn.Parameter(torch.ones(12)),
+                                       "more": nn.ParameterList([nn.Parameter(torch.zeros(12))])})
+        self.head = nn.Linear(12, 16)
+
+    def forward(self, batch):
+        h = self.embed(batch[:, :-1])
+        for w in self.layers:
+            h = torch.tanh(h @ w)
+        h = h * self.extra["scale"] + self.extra["more"][0]
+        return F.cross_entropy(self.head(h).reshape(-1, 16), batch[:, 1:].reshape(-1))
+
+
+def containers_worker():
+    rank = int(os.environ["RANK"])
+    model = ParameterContainers()
+    engine, reference, ref_opt = _with_reference(model)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        batch = torch.randint(0, 16, (4, 6), generator=g)
+        engine.backward(engine(batch[2 * rank:2 * rank + 2]))
+        engine.step()
+        _reference_step(reference, ref_opt, batch)
+    _assert_matches(model, reference)
+
+
+def test_parameters_in_parameter_lists_and_dicts_are_gathered_for_their_holder():
+    run_distributed(containers_worker, 2)
+
+
 def test_register_external_parameter():
     run_distributed(external_worker, 2, True)
 
@@ -557,6 +595,29 @@ def init_misuse_worker(case):
 @pytest.mark.parametrize("case", ["stage2", "left-out"])
 def test_a_zero_init_model_outside_stage_3_or_the_optimizer_is_refused(case):
     run_distributed(init_misuse_worker, 2, case)
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.logit_scale = nn.Parameter(torch.tensor(2.0))  # 0-dim, as in CLIP
+
+    def forward(self, x):
+        return (self.lin(x) * self.logit_scale).sum()
+
+
+def init_ds_shape_worker():
+    import zeroshard
+    zeroshard.init_distributed()
+    with zeroshard.zero.Init():
+        model = _Scaled()
+    zeroshard.initialize(model=model, config=_config())
+    return [(tuple(p.ds_shape), p.ds_numel) for p in model.parameters()]
+
+
+def test_ds_shape_of_a_zero_init_model_is_the_whole_shape_even_0_dim():
+    assert run_distributed(init_ds_shape_worker, 2)[0] == [((), 1), ((3, 4), 12), ((3,), 3)]
 
 
 def init_mismatch_worker():
