@@ -236,11 +236,13 @@ class StructuredNet(nn.Module):
         return F.cross_entropy(self.head(h).reshape(-1, 16), batch[:, 1:].reshape(-1))
 
 
-def structured_outputs_worker():
+def token_model_worker(model_class, seed):
+    """Three stage-3 steps of model_class() (a loss over batches of 16-token sequences) at world
+    2, against torch on the global batch."""
     rank = int(os.environ["RANK"])
-    model = StructuredNet()
+    model = model_class()
     engine, reference, ref_opt = _with_reference(model)
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(seed)
     for _ in range(3):
         batch = torch.randint(0, 16, (4, 6), generator=g)
         engine.backward(engine(batch[2 * rank:2 * rank + 2]))
@@ -250,7 +252,7 @@ def structured_outputs_worker():
 
 
 def test_outputs_in_dicts_namedtuples_and_dataclasses_are_gathered_again_for_backward():
-    run_distributed(structured_outputs_worker, 2)
+    run_distributed(token_model_worker, 2, StructuredNet, 7)
 
 
 class ParameterContainers(nn.Module):
@@ -274,21 +276,8 @@ class ParameterContainers(nn.Module):
         return F.cross_entropy(self.head(h).reshape(-1, 16), batch[:, 1:].reshape(-1))
 
 
-def containers_worker():
-    rank = int(os.environ["RANK"])
-    model = ParameterContainers()
-    engine, reference, ref_opt = _with_reference(model)
-    g = torch.Generator().manual_seed(5)
-    for _ in range(3):
-        batch = torch.randint(0, 16, (4, 6), generator=g)
-        engine.backward(engine(batch[2 * rank:2 * rank + 2]))
-        engine.step()
-        _reference_step(reference, ref_opt, batch)
-    _assert_matches(model, reference)
-
-
 def test_parameters_in_parameter_lists_and_dicts_are_gathered_for_their_holder():
-    run_distributed(containers_worker, 2)
+    run_distributed(token_model_worker, 2, ParameterContainers, 5)
 
 
 def test_register_external_parameter():
