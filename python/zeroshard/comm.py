@@ -64,6 +64,16 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                             rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
 
 
+def new_comm(group=None):
+    """A zeroshard communicator (numbered, watched collectives) over `group`, the world by default.
+    Only the world's gets torch's default store, so that its errors name every rank."""
+    from zeroshard import _C
+    if group is None:
+        return _C.Comm(dist.group.WORLD, timeout_seconds(),
+                       store=dist.distributed_c10d._get_default_store())
+    return _C.Comm(group, timeout_seconds(), debug_collectives=False)
+
+
 def device() -> torch.device:
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from zeroshard import _C
 from zeroshard.comm import device as comm_device
-from zeroshard.comm import init_distributed, timeout_seconds
+from zeroshard.comm import init_distributed, new_comm
 from zeroshard.config import load_config
 from zeroshard.dataloader import make_dataloader
 from zeroshard.log import log_rank0, logger
@@ -79,7 +79,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.device = comm_device()
         self.module = model.to(self.device)
         self.dtype = _DTYPES[s["precision"]]
-        self._comm = _C.Comm(dist.group.WORLD, timeout_seconds(), store=dist.distributed_c10d._get_default_store())
+        self._comm = new_comm()
 
         spec, groups = self._optimizer_spec(optimizer, model_parameters)
         self._build_core(spec, groups)
@@ -156,7 +156,7 @@ class ZeroShardEngine(torch.nn.Module):
                     data = t.data
                     whole = data.contiguous()  # collectives take contiguous tensors
                     self._comm.broadcast(whole, 0, f"initial {name}")
-                    if whole.data_ptr() != data.data_ptr():
+                    if whole is not data:
                         data.copy_(whole)
             self.module.to(self.dtype)
         chunked = [n for n, p in self.module.named_parameters() if full_shape(p) is not None]

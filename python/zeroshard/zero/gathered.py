@@ -9,12 +9,12 @@ class GatheredParameters:
         if isinstance(params, torch.Tensor):
             params = [params]
         self.params = [p for p in params if getattr(p, "_zeroshard_core", None) is not None]
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if modifier_rank is not None and (isinstance(modifier_rank, bool) or
-                                          not isinstance(modifier_rank, int) or
-                                          not 0 <= modifier_rank < world):
-            raise ValueError(f"GatheredParameters(modifier_rank={modifier_rank!r}): expected None "
-                             f"or a rank in 0..{world - 1}")
+        if modifier_rank is not None:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            if (isinstance(modifier_rank, bool) or not isinstance(modifier_rank, int)
+                    or not 0 <= modifier_rank < world):
+                raise ValueError(f"GatheredParameters(modifier_rank={modifier_rank!r}): expected "
+                                 f"None or a rank in 0..{world - 1}")
         self.modifier_rank = modifier_rank
         self.enabled = enabled and bool(self.params)
         # Parameters that are not partitioned (stages 0-2, frozen ones) are whole already.

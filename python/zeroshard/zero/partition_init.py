@@ -2,7 +2,6 @@
 larger than one process's memory can be built. Each module's own parameters are whole only until
 its __init__ returns; then every rank keeps just its ZeRO-3 chunk (rank 0's values, broadcast)."""
 import torch
-import torch.distributed as dist
 
 _SHAPE = "_zeroshard_full_shape"
 
@@ -61,17 +60,11 @@ class Init:
             self._stop()
 
     def _start(self):
-        from zeroshard import _C
-        from zeroshard.comm import init_distributed, timeout_seconds
+        from zeroshard.comm import init_distributed, new_comm
         init_distributed()
         # A communicator of our own, numbered and watched like the engine's: a rank that builds a
-        # different model ends with an error naming the parameter instead of hanging. The default
-        # store serves the whole world only.
-        if self.group is None:
-            self._comm = _C.Comm(dist.group.WORLD, timeout_seconds(),
-                                 store=dist.distributed_c10d._get_default_store())
-        else:
-            self._comm = _C.Comm(self.group, timeout_seconds(), debug_collectives=False)
+        # different model ends with an error naming the parameter instead of hanging.
+        self._comm = new_comm(self.group)
 
     def _partition(self, module):
         for name, p in module.named_parameters(recurse=False):
