@@ -1,5 +1,6 @@
 """The engine that wraps the user's nn.Module: DeepSpeed's initialize() and engine API. Python
 orchestrates (hooks, data, logging); buffers, reduction and the optimizer step live in C++."""
+import contextlib
 import json
 import os
 import time
@@ -94,6 +95,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self._boundary_override = None
+        self._in_no_sync = False
         self._last = None  # the last StepResult
         self._loss_sum = 0.0
         self._loss_count = 0
@@ -278,6 +280,23 @@ class ZeroShardEngine(torch.nn.Module):
             self._clean_up_after(error, self._core.abort_forward)
             raise
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's and DeepSpeed's no_sync: backwards inside the block add to this rank's own
+        gradients without reducing them; the first boundary backward after it reduces the sum.
+        Stages 0 and 1 only: stages 2 and 3 keep only a shard of each gradient."""
+        if not self._core.keeps_full_grads:
+            raise RuntimeError(f"no_sync: ZeRO stage {self._core.stage} keeps only this rank's "
+                               "shard of each gradient, so every backward must reduce; use "
+                               "gradient_accumulation_steps to accumulate, or stage 0 or 1")
+        if self._in_no_sync:
+            raise RuntimeError("no_sync: already inside engine.no_sync(); blocks do not nest")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:
             return self._boundary_override
@@ -291,7 +310,7 @@ class ZeroShardEngine(torch.nn.Module):
             raise ValueError("backward: the loss does not require grad (was it computed under "
                              "torch.no_grad(), or from detached outputs?)")
         scaled = loss / self._gas if scale_wrt_gas else loss
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
         self._core.before_backward(boundary)
         try:
             if self._frozen_release is not None:
@@ -316,6 +335,9 @@ class ZeroShardEngine(torch.nn.Module):
         return scaled
 
     def step(self, lr_kwargs=None):
+        if self._in_no_sync:
+            raise RuntimeError("step: called inside engine.no_sync(), whose gradients are not "
+                               "reduced yet; leave the block and run one more backward first")
         if self.is_gradient_accumulation_boundary():
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             self._last = self._core.step(groups)
