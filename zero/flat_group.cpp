@@ -19,21 +19,20 @@ OptimizerKind optimizer_kind(const std::string& t) {
                                 "\", expected one of Adam, AdamW, SGD, Adagrad, Lion"));
 }
 
-namespace {
-int64_t state_tensors(OptimizerKind kind) {
+std::vector<std::string> optimizer_state_names(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::adam: return 2;     // exp_avg, exp_avg_sq
-    case OptimizerKind::sgd: return 1;      // momentum buffer
-    case OptimizerKind::adagrad: return 1;  // sum of squares
-    case OptimizerKind::lion: return 1;     // exp_avg
+    case OptimizerKind::adam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::sgd: return {"momentum_buffer"};
+    case OptimizerKind::adagrad: return {"sum"};
+    case OptimizerKind::lion: return {"exp_avg"};
   }
-  return 0;
+  return {};
 }
-}  // namespace
 
 FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec,
                      MemoryAccount& memory)
-    : full_grads_(spec.full_grads && !spec.partition_params),
+    : rank_(spec.rank),
+      full_grads_(spec.full_grads && !spec.partition_params),
       partitioned_(spec.partition_params),
       trainable_(spec.trainable),
       memory_(memory) {
@@ -97,7 +96,7 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   } else {
     grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
   }
-  state_count_ = state_tensors(spec.kind);
+  state_count_ = int64_t(optimizer_state_names(spec.kind).size());
   state_fill_ = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
 
   accounted_[0] = params_.nbytes();
@@ -220,6 +219,40 @@ void FlatGroup::write_chunk(int64_t i, const at::Tensor& full, int64_t rank) {
   at::Tensor mine = full.reshape(-1).narrow(0, rank * chunks_.chunks[size_t(i)], held);
   params_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
   if (master_.defined()) master_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
+}
+
+std::vector<Intersection> FlatGroup::owned_pieces(int64_t i) const {
+  if (partitioned_) {
+    const int64_t held = chunks_.held_numel(i, rank_);
+    if (held == 0) return {};
+    return {{i, chunks_.local_offsets[size_t(i)], rank_ * chunks_.chunks[size_t(i)], held}};
+  }
+  std::vector<Intersection> pieces;
+  const ShardRange whole{layout_.offsets[size_t(i)], layout_.offsets[size_t(i)] + layout_.numels[size_t(i)]};
+  const ShardRange mine{std::max(whole.begin, owned_.begin), std::min(whole.end, owned_.end)};
+  if (mine.end > mine.begin) {
+    pieces.push_back({i, mine.begin - owned_.begin, mine.begin - whole.begin, mine.numel()});
+  }
+  return pieces;
+}
+
+void FlatGroup::copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const {
+  if (!partitioned_) {
+    out.copy_(owned_grads().narrow(0, begin, numel));
+    return;
+  }
+  // Stage 3's segments tile the owned range; a tensor's chunk may span several (pieces).
+  for (size_t s = 0; s < segment_begins_.size(); ++s) {
+    const int64_t from = std::max(begin, segment_begins_[s]);
+    const int64_t to = std::min(begin + numel, segment_end(s));
+    if (to <= from) continue;
+    at::Tensor dst = out.narrow(0, from - begin, to - from);
+    if (segments_[s].defined()) {
+      dst.copy_(segments_[s].narrow(0, from - segment_begins_[s], to - from));
+    } else {
+      dst.zero_();
+    }
+  }
 }
 
 at::Tensor FlatGroup::master() const {

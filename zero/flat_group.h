@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,8 @@ enum class OptimizerKind { adam, sgd, adagrad, lion };
 using ChunkedShape = std::optional<std::vector<int64_t>>;
 
 OptimizerKind optimizer_kind(const std::string& canonical_type);
+// torch.optim's names for the optimizer's state tensors, in FlatGroup::state() order.
+std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 
 // How a group is laid out and what each rank keeps; the stage strategy decides.
 struct GroupSpec {
@@ -98,7 +101,14 @@ class FlatGroup {
   // are usually still alive, and creating the state with them would raise the set-up peak above
   // the training steady state.
   std::vector<at::Tensor>& state();
+  bool has_state() const { return !state_.empty(); }
   bool mixed_precision() const { return master_.defined(); }
+  // The elements of tensor i that this rank owns, as pieces with buffer_begin relative to the
+  // owned range: where its flat range meets the owned slice (stages 0-2), or its chunk (stage 3).
+  std::vector<Intersection> owned_pieces(int64_t i) const;
+  // Copies the owned range's gradients [begin, begin + numel) into `out`: zeros where stage 3
+  // holds no segment, which this does not allocate.
+  void copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const;
 
  private:
   std::vector<at::Tensor> views(const at::Tensor& flat) const;
@@ -110,6 +120,7 @@ class FlatGroup {
   ChunkLayout chunks_;
   std::vector<std::vector<int64_t>> shapes_;
   ShardRange owned_;
+  int64_t rank_;
   bool full_grads_;
   bool partitioned_;
   bool trainable_;

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm.h"
@@ -91,11 +93,19 @@ class ZeroOptimizer {
   int64_t num_buckets() const { return reducer_->num_buckets(); }
   // fp32 values of the owned range of group g (for tests and checkpoints).
   at::Tensor master(int64_t g) const { return groups_.at(g)->master(); }
+  // DeepSpeed's safe_get_full_*: one parameter's whole value in fp32, assembled from what each
+  // rank owns (an all-reduce where that is a shard: every rank must call it). `index` counts the
+  // trainable parameters group by group, then stage 3's frozen ones. `what` is "fp32_param", "grad"
+  // (as accumulated so far, divided by the fp16 loss scale) or a torch.optim state name; undefined
+  // for a gradient or state a frozen parameter does not have, and for state before the first step.
+  at::Tensor full_value(int64_t index, const std::string& what);
 
  private:
   // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the
   // state is sharded.
   std::pair<bool, double> inspect_gradients();
+  // The group holding parameter `index` (numbered as in full_value) and its index there.
+  std::pair<FlatGroup*, int64_t> locate(int64_t index) const;
   // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
   double global_sum_sq(double local_sum_sq);
   // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32), except

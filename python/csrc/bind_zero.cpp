@@ -184,6 +184,17 @@ void bind_zero(py::module_& m) {
            py::arg("param_groups"))
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))
+      .def("full_value",
+           [](ZeroOptimizer& o, int64_t index, const std::string& what) -> std::optional<at::Tensor> {
+             at::Tensor t;
+             {
+               py::gil_scoped_release release;
+               t = o.full_value(index, what);
+             }
+             if (!t.defined()) return std::nullopt;
+             return t;
+           },
+           py::arg("index"), py::arg("what"))
       .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("stage", &ZeroOptimizer::stage)

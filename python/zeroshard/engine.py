@@ -203,13 +203,15 @@ class ZeroShardEngine(torch.nn.Module):
                 self._core, self.module, self._gathered, policy)
             self._frozen_release = policy if any_frozen else None
             for i, (p, shape) in enumerate(zip(self._gathered, shapes)):
-                p._zeroshard_core, p._zeroshard_index = self._core, i  # for GatheredParameters
                 # DeepSpeed's names for the whole shape, which scripts read while p is empty
                 # (peft counts parameters by ds_numel).
                 p.ds_id, p.ds_shape, p.ds_numel = i, shape, shape.numel()
         else:
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
                 p.data = view
+        # The core's index of each parameter it holds, for GatheredParameters and zeroshard.utils.
+        for i, p in enumerate(self._gathered if self._core.partitions_params else self._params):
+            p._zeroshard_core, p._zeroshard_index = self._core, i
         if self._core.keeps_full_grads:
             self._grad_views = [v for vs in self._core.grad_views() for v in vs]
         else:

@@ -8,7 +8,8 @@ class GatheredParameters:
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         if isinstance(params, torch.Tensor):
             params = [params]
-        self.params = [p for p in params if getattr(p, "_zeroshard_core", None) is not None]
+        self.params = [p for p in params
+                       if getattr(getattr(p, "_zeroshard_core", None), "partitions_params", False)]
         if modifier_rank is not None:
             world = dist.get_world_size() if dist.is_initialized() else 1
             if (isinstance(modifier_rank, bool) or not isinstance(modifier_rank, int)
