@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -238,9 +239,31 @@ void scale_copy(at::Tensor dst, const at::Tensor& src, double scale) {
     at::mul_out(out, flat, scale);
   } else if (out.element_size() > flat.element_size()) {
     out.copy_(flat);  // widened first, so the product is rounded once, in dst's type
-    out.mul_(scale);
+    scale_(out, scale);
   } else {
     out.copy_(flat * scale);  // the product in the wider source type, rounded once into dst's
+  }
+}
+
+void scale_(at::Tensor t, double scale) {
+  if (scale == 1.0) return;
+  // mul.Scalar_out keeps the scalar a double operand; the in-place mul_.Scalar casts it first.
+  at::mul_out(t, t, scale);
+}
+
+void add_scaled_(at::Tensor dst, const at::Tensor& src, double scale) {
+  if (dst.element_size() >= 4) {  // fp32 / fp64: add_ applies alpha in dst's own precision
+    dst.add_(src, scale);
+    return;
+  }
+  // In fp32, a slice at a time so the temporaries stay small, rounded once into dst's dtype.
+  constexpr int64_t kSliceNumel = int64_t(1) << 20;
+  at::Tensor d = dst.view(-1);
+  const at::Tensor s = src.reshape(-1);
+  for (int64_t at = 0; at < d.numel(); at += kSliceNumel) {
+    const int64_t n = std::min(kSliceNumel, d.numel() - at);
+    at::Tensor part = d.narrow(0, at, n);
+    part.copy_(s.narrow(0, at, n).to(at::kFloat).mul_(scale).add_(part));
   }
 }
 

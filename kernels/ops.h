@@ -30,6 +30,12 @@ kernels::GradStats grad_stats(const at::Tensor& grad);
 // the two dtypes and rounding once into dst's.
 void scale_copy(at::Tensor dst, const at::Tensor& src, double scale);
 
+// t *= scale, and dst += src * scale, with the scale at full precision. ATen's Tensor::mul_(Scalar)
+// and add_'s alpha round a double to a 16-bit tensor's dtype first (1/3 becomes 0.33398 in bf16,
+// a 0.2% bias in a mean over 3 ranks); these keep it a double and compute in fp32 at least.
+void scale_(at::Tensor t, double scale);
+void add_scaled_(at::Tensor dst, const at::Tensor& src, double scale);
+
 // Name of the CPU ISA the kernels use now ("avx512", "avx2", "scalar").
 const char* cpu_isa_name();
 

@@ -107,7 +107,7 @@ void GradReducer::start(Bucket& b) {
     buf = b.comm_buffer;
   }
   const double pre = opt_.pre_factor(comm_->world_size());
-  if (pre != 1.0) buf.mul_(pre);
+  ops::scale_(buf, pre);
   if (comm_->world_size() > 1) b.work = comm_->all_reduce(buf, detail::cat("gradient bucket ", b.index));
   // Without overlap_comm the reduction finishes before backward continues.
   if (!opt_.overlap_comm) complete(b);
@@ -118,17 +118,24 @@ void GradReducer::complete(Bucket& b) {
   b.work.wait();
   const double post = opt_.post_factor(comm_->world_size());
   if (b.comm_buffer.defined()) {
-    if (post != 1.0) b.comm_buffer.mul_(post);
-    b.grads.copy_(b.comm_buffer);
+    // The factor applies in the wider of the two dtypes, so the mean is rounded once, into the
+    // gradients' dtype: widened first (a bf16 sum into fp32 gradients), or scaled in place
+    // before the narrowing copy (an fp32 sum into bf16 gradients).
+    if (b.grads.element_size() > b.comm_buffer.element_size()) {
+      ops::scale_copy(b.grads, b.comm_buffer, post);
+    } else {
+      ops::scale_(b.comm_buffer, post);
+      b.grads.copy_(b.comm_buffer);
+    }
   } else if (post != 1.0) {
     // Only the gradients that did not get the factor in their copy (accumulated windows).
     const auto first = scaled_.begin() + b.first_param, last = first + b.num_params;
     const auto num_scaled = std::count(first, last, uint8_t(1));
     if (num_scaled == 0) {
-      b.grads.mul_(post);
+      ops::scale_(b.grads, post);
     } else if (num_scaled < b.num_params) {
       for (int64_t i = b.first_param; i < b.first_param + b.num_params; ++i) {
-        if (!scaled_[size_t(i)]) views_[size_t(i)].mul_(post);
+        if (!scaled_[size_t(i)]) ops::scale_(views_[size_t(i)], post);
       }
     }
   }

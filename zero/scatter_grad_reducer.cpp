@@ -65,7 +65,7 @@ void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, 
   const at::Tensor part = reduced.narrow(0, comm_->rank() * b.local_numel, b.local_numel);
   if (g.holds_grad_segment(b.local_begin)) {  // an earlier micro-step's gradients: accumulate
     // Mixed dtypes add in the wider one, rounding once into the shard's.
-    g.grad_segment(b.local_begin, b.local_numel, true).add_(part, scale);
+    ops::add_scaled_(g.grad_segment(b.local_begin, b.local_numel, true), part, scale);
   } else {  // the first in this window: written whole, so not zero-filled first
     ops::scale_copy(g.grad_segment(b.local_begin, b.local_numel, false), part, scale);
   }

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "kernels/ops.h"
+
 namespace zeroshard {
 
 ShardedGradReducer::ShardedGradReducer(const std::vector<FlatGroup*>& groups,
@@ -46,7 +48,7 @@ void ShardedGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, 
   if (end <= begin) return;
   at::Tensor shard = g.owned_grads().narrow(0, begin - own.begin, end - begin);
   // Mixed dtypes add in the wider one, rounding once into the shard's.
-  shard.add_(reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
+  ops::add_scaled_(shard, reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
 }
 
 }  // namespace zeroshard

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kernels/ops.h"
 #include "runtime/error.h"
 
 namespace zeroshard {
@@ -94,7 +95,7 @@ void StagedReducer::start(Bucket& b) {
   at::Tensor staging = staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel);
   const int64_t world = comm_->world_size();
   const double pre = opt_.pre_factor(world);
-  if (pre != 1.0) staging.mul_(pre);
+  ops::scale_(staging, pre);
   const int64_t id = int64_t(&b - buckets_.data());
   if (world > 1) b.work = reduce(b, staging, detail::cat("gradient bucket ", id));
   in_flight_.push_back(id);

@@ -1,6 +1,7 @@
 """Gradient buckets and their staging (zero/staged_reducer.*, zero/buckets.*): each bucket reduced
 once per backward, the staging cap, a parameter larger than a bucket reduced in pieces, stage 3
-reducing in the staging buffers themselves."""
+reducing in the staging buffers themselves; and, at every stage, where the reduction's factors
+round with a narrower communication dtype."""
 import copy
 import os
 
@@ -144,3 +145,81 @@ def test_zero3_reduces_in_the_staging_buffers_with_or_without_accumulation(world
     staging = run_distributed(zero3_comm_buffer_worker, world, 1)[0]
     accumulating = run_distributed(zero3_comm_buffer_worker, world, 2)[0]
     assert staging == accumulating == 2 * 1200 * 2, (staging, accumulating)
+
+
+def comm_dtype_rounding_worker(stage):
+    import torch.distributed as dist
+
+    import zeroshard
+    from zeroshard.utils import safe_get_full_grad
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 16)
+    reference = copy.deepcopy(model)
+    # gradient_predivide_factor 3 at world 2: 1/3 before the sum (in the communication dtype,
+    # where the sum happens) and 3/2 after it. A bf16 value times 1.5 needs one more mantissa bit
+    # than bf16 has, but is exact in fp32.
+    cfg = _base_config(communication_data_type="bf16", gradient_predivide_factor=3.0,
+                       zero_optimization={"stage": stage})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(int(os.environ["RANK"])))
+    engine.backward(engine(x).pow(2).mean())
+    reference(x).pow(2).mean().backward()
+    for name, p in reference.named_parameters():
+        summed = p.grad.to(torch.bfloat16).mul_(1 / 3)
+        dist.all_reduce(summed)  # two terms: the same sum in any order
+        expect = summed.float() * 1.5  # rounded once, in fp32
+        got = safe_get_full_grad(dict(model.named_parameters())[name])
+        assert torch.equal(got, expect), (name, (got - expect).abs().max())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_narrower_comm_dtype_is_scaled_after_the_sum_in_the_gradients_dtype(stage):
+    run_distributed(comm_dtype_rounding_worker, 2, stage)
+
+
+def unrounded_factors_worker(stage):
+    import torch.distributed as dist
+
+    import zeroshard
+    from zeroshard.utils import safe_get_full_grad
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    f = 10 / 3  # neither 1/f nor f/world is exact in bf16
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 16)
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    cfg = _base_config(bf16={"enabled": True}, gradient_accumulation_steps=2,
+                       gradient_predivide_factor=f, zero_optimization={"stage": stage})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    grads = []
+    for micro in range(2):
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(10 * micro + rank))
+        x = x.to(torch.bfloat16)
+        engine.backward(engine(x).float().pow(2).mean())
+        if micro == 0:
+            engine.step()  # a micro-step: the second backward is the boundary
+        reference.zero_grad()
+        (reference(x).float().pow(2).mean() / 2).backward()
+        grads.append({n: p.grad.clone() for n, p in reference.named_parameters()})
+
+    def reduced(g):  # 1/f before the sum, in bf16; two terms: the same sum in any order
+        g = g.mul(1 / f)
+        dist.all_reduce(g)
+        return g.float()
+
+    post = f / world
+    for name, p in model.named_parameters():
+        g1, g2 = grads[0][name], grads[1][name]
+        if engine.zero_optimization_stage() < 2:  # the window's sum, reduced at the boundary
+            expect = (reduced(g1 + g2) * post).to(torch.bfloat16)
+        else:  # each micro-step reduced and added into the bf16 shard, in fp32
+            shard = (reduced(g1) * post).to(torch.bfloat16)
+            expect = (reduced(g2) * post + shard.float()).to(torch.bfloat16)
+        got = safe_get_full_grad(p)
+        assert torch.equal(got, expect.float()), (name, (got - expect.float()).abs().max())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_factors_that_bf16_cannot_hold_apply_unrounded_to_bf16_gradients(stage):
+    # ATen's in-place mul_ and add_'s alpha round the factor to bf16 first: 0.3 would be applied
+    # as 0.30078 and 5/3 as 1.664.
+    run_distributed(unrounded_factors_worker, 2, stage)

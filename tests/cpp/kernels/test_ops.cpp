@@ -1,4 +1,5 @@
-// kernels/ops.cpp's ATen paths: scale_copy between dtypes rounds once, in the wider dtype.
+// kernels/ops.cpp's ATen paths: scale_copy between dtypes rounds once, in the wider dtype;
+// scale_ and add_scaled_ apply a double factor unrounded to 16-bit tensors.
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
@@ -30,5 +31,33 @@ TEST_CASE("scale_copy between dtypes computes in the wider one and rounds once")
       zeroshard::ops::scale_copy(narrow_dst, base, scale);
       REQUIRE(at::equal(narrow_dst, once(base, scale, narrow)));
     }
+  }
+}
+
+TEST_CASE("scale_ and add_scaled_ keep a factor that 16 bits cannot hold exact") {
+  at::manual_seed(1);
+  const int64_t n = (int64_t(1) << 20) + 4099;  // more than one slice of add_scaled_
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const at::Tensor x = at::randn({n}).to(dtype);
+    const at::Tensor y = at::randn({n}).to(dtype);
+    for (double scale : {1.0 / 3.0, 1.5, 0.25, 1.0 / 48.0}) {
+      at::Tensor t = x.clone();
+      zeroshard::ops::scale_(t, scale);
+      REQUIRE(at::equal(t, (x.to(at::kFloat) * scale).to(dtype)));
+      at::Tensor d = y.clone();
+      zeroshard::ops::add_scaled_(d, x, scale);
+      const at::Tensor expect = (x.to(at::kFloat) * scale + y.to(at::kFloat)).to(dtype);
+      REQUIRE(at::equal(d, expect));
+      // Into fp32 from a 16-bit source (stage 2's fp32 gradient shard): ATen's own add_, whose
+      // fused multiply-add may round once where this reference rounds twice; an alpha rounded
+      // to 16 bits would be off by up to 0.4%.
+      at::Tensor f = y.to(at::kFloat);
+      zeroshard::ops::add_scaled_(f, x, scale);
+      REQUIRE(at::allclose(f, x.to(at::kFloat) * scale + y.to(at::kFloat), 1e-6, 1e-6));
+    }
+    // What the helpers avoid: ATen's in-place mul_ rounds 1/3 to the tensor's dtype first.
+    at::Tensor biased = x.clone();
+    biased.mul_(1.0 / 3.0);
+    REQUIRE_FALSE(at::equal(biased, (x.to(at::kFloat) * (1.0 / 3.0)).to(dtype)));
   }
 }
