@@ -263,7 +263,8 @@ void add_scaled_(at::Tensor dst, const at::Tensor& src, double scale) {
   for (int64_t at = 0; at < d.numel(); at += kSliceNumel) {
     const int64_t n = std::min(kSliceNumel, d.numel() - at);
     at::Tensor part = d.narrow(0, at, n);
-    part.copy_(s.narrow(0, at, n).to(at::kFloat).mul_(scale).add_(part));
+    // copy=true: an fp32 source would otherwise come back as itself and be scaled in place.
+    part.copy_(s.narrow(0, at, n).to(at::kFloat, false, true).mul_(scale).add_(part));
   }
 }
 

@@ -55,6 +55,14 @@ TEST_CASE("scale_ and add_scaled_ keep a factor that 16 bits cannot hold exact")
       zeroshard::ops::add_scaled_(f, x, scale);
       REQUIRE(at::allclose(f, x.to(at::kFloat) * scale + y.to(at::kFloat), 1e-6, 1e-6));
     }
+    // An fp32 source into a 16-bit destination (an fp32 communication dtype's sum into bf16
+    // gradients) is left as it was.
+    const at::Tensor wide = x.to(at::kFloat);
+    const at::Tensor wide_before = wide.clone();
+    at::Tensor narrow = y.clone();
+    zeroshard::ops::add_scaled_(narrow, wide, 1.0 / 3.0);
+    REQUIRE(at::equal(wide, wide_before));
+    REQUIRE(at::equal(narrow, (wide * (1.0 / 3.0) + y.to(at::kFloat)).to(dtype)));
     // What the helpers avoid: ATen's in-place mul_ rounds 1/3 to the tensor's dtype first.
     at::Tensor biased = x.clone();
     biased.mul_(1.0 / 3.0);
