@@ -221,19 +221,17 @@ void FlatGroup::write_chunk(int64_t i, const at::Tensor& full, int64_t rank) {
   if (master_.defined()) master_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
 }
 
-std::vector<Intersection> FlatGroup::owned_pieces(int64_t i) const {
+std::optional<Intersection> FlatGroup::owned_piece(int64_t i) const {
+  const size_t t = size_t(i);
   if (partitioned_) {
     const int64_t held = chunks_.held_numel(i, rank_);
-    if (held == 0) return {};
-    return {{i, chunks_.local_offsets[size_t(i)], rank_ * chunks_.chunks[size_t(i)], held}};
+    if (held == 0) return std::nullopt;
+    return Intersection{i, chunks_.local_offsets[t], rank_ * chunks_.chunks[t], held};
   }
-  std::vector<Intersection> pieces;
-  const ShardRange whole{layout_.offsets[size_t(i)], layout_.offsets[size_t(i)] + layout_.numels[size_t(i)]};
-  const ShardRange mine{std::max(whole.begin, owned_.begin), std::min(whole.end, owned_.end)};
-  if (mine.end > mine.begin) {
-    pieces.push_back({i, mine.begin - owned_.begin, mine.begin - whole.begin, mine.numel()});
-  }
-  return pieces;
+  const int64_t begin = std::max(layout_.offsets[t], owned_.begin);
+  const int64_t end = std::min(layout_.offsets[t] + layout_.numels[t], owned_.end);
+  if (end <= begin) return std::nullopt;
+  return Intersection{i, begin - owned_.begin, begin - layout_.offsets[t], end - begin};
 }
 
 void FlatGroup::copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const {

@@ -103,9 +103,10 @@ class FlatGroup {
   std::vector<at::Tensor>& state();
   bool has_state() const { return !state_.empty(); }
   bool mixed_precision() const { return master_.defined(); }
-  // The elements of tensor i that this rank owns, as pieces with buffer_begin relative to the
-  // owned range: where its flat range meets the owned slice (stages 0-2), or its chunk (stage 3).
-  std::vector<Intersection> owned_pieces(int64_t i) const;
+  // The elements of tensor i that this rank owns, with buffer_begin relative to the owned range:
+  // where its flat range meets the owned slice (stages 0-2), or its chunk (stage 3); nullopt
+  // when it owns none.
+  std::optional<Intersection> owned_piece(int64_t i) const;
   // Copies the owned range's gradients [begin, begin + numel) into `out`: zeros where stage 3
   // holds no segment, which this does not allocate.
   void copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const;

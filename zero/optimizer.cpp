@@ -337,28 +337,26 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
     state = it - names.begin();
   }
   if ((!g->trainable() && what != "fp32_param") || (state >= 0 && !g->has_state())) return {};
-  const auto fp32 = g->params().options().dtype(at::kFloat);
   const int64_t numel = g->layout().numels[size_t(t)];
-  at::Tensor full = at::zeros({numel}, fp32);
-  const double unscale = grad ? 1.0 / scaler_.scale() : 1.0;
+  at::Tensor full = at::zeros({numel}, g->params().options().dtype(at::kFloat));
   if (grad && g->full_grads()) {  // stages 0/1: every rank holds the whole gradient
     full.copy_(g->grads().narrow(0, g->layout().offsets[size_t(t)], numel));
-    return full.mul_(unscale).view(g->shape(t));
-  }
-  for (const Intersection& piece : g->owned_pieces(t)) {
-    at::Tensor dst = full.narrow(0, piece.tensor_begin, piece.numel);
-    if (grad) {
-      g->copy_owned_grads(piece.buffer_begin, piece.numel, dst);
-    } else {
-      const at::Tensor& src = state >= 0 ? g->state()[size_t(state)] : g->master();
-      dst.copy_(src.narrow(0, piece.buffer_begin, piece.numel));
+  } else {
+    if (const auto piece = g->owned_piece(t)) {
+      at::Tensor dst = full.narrow(0, piece->tensor_begin, piece->numel);
+      if (grad) {
+        g->copy_owned_grads(piece->buffer_begin, piece->numel, dst);
+      } else {
+        const at::Tensor& src = state >= 0 ? g->state()[size_t(state)] : g->master();
+        dst.copy_(src.narrow(0, piece->buffer_begin, piece->numel));
+      }
+    }
+    // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.
+    if ((g->partitioned() || strategy_->shards_optimizer_state()) && comm_->world_size() > 1) {
+      comm_->all_reduce(full, detail::cat("safe_get_full ", what, " of parameter ", index)).wait();
     }
   }
-  // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.
-  if ((g->partitioned() || strategy_->shards_optimizer_state()) && comm_->world_size() > 1) {
-    comm_->all_reduce(full, detail::cat("safe_get_full ", what, " of parameter ", index)).wait();
-  }
-  if (unscale != 1.0) full.mul_(unscale);
+  if (grad && scaler_.scale() != 1.0) full.mul_(1.0 / scaler_.scale());
   return full.view(g->shape(t));
 }
 
