@@ -212,13 +212,17 @@ void FlatGroup::zero_grads() {
   accounted_[1] = 0;
 }
 
-void FlatGroup::write_chunk(int64_t i, const at::Tensor& full, int64_t rank) {
-  ZS_CHECK(partitioned_, "FlatGroup::write_chunk: only partitioned (stage 3) groups keep chunks");
-  const int64_t held = chunks_.held_numel(i, rank);
-  if (held == 0) return;
-  at::Tensor mine = full.reshape(-1).narrow(0, rank * chunks_.chunks[size_t(i)], held);
-  params_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
-  if (master_.defined()) master_.narrow(0, chunks_.local_offsets[size_t(i)], held).copy_(mine);
+void FlatGroup::write_tensor(int64_t i, const at::Tensor& full) {
+  const at::Tensor flat = full.reshape(-1);
+  ZS_CHECK(flat.numel() == layout_.numels[size_t(i)], "FlatGroup::write_tensor: ", flat.numel(),
+           " values for tensor ", i, " of ", layout_.numels[size_t(i)], " elements");
+  if (!partitioned_) params_.narrow(0, layout_.offsets[size_t(i)], flat.numel()).copy_(flat);
+  const auto piece = owned_piece(i);
+  if (!piece) return;
+  const at::Tensor mine = flat.narrow(0, piece->tensor_begin, piece->numel);
+  // Stage 3's owned range starts at the chunk shard's start: buffer offsets index params_ too.
+  if (partitioned_) params_.narrow(0, piece->buffer_begin, piece->numel).copy_(mine);
+  if (master_.defined()) master_.narrow(0, piece->buffer_begin, piece->numel).copy_(mine);
 }
 
 std::optional<Intersection> FlatGroup::owned_piece(int64_t i) const {

@@ -93,9 +93,9 @@ class FlatGroup {
   std::vector<at::Tensor> grad_views() const;
   // fp32 values of the owned range: the master copy, or the owned slice of the fp32 params.
   at::Tensor master() const;
-  // Stage 3: takes tensor i's full values (edited by the user) into this rank's chunk of the
-  // parameters and of the master weights.
-  void write_chunk(int64_t i, const at::Tensor& full, int64_t rank);
+  // Takes tensor i's full values (edited by the user) into the parameters, whole (stages 0-2) or
+  // this rank's chunk (stage 3), and into the master weights this rank owns.
+  void write_tensor(int64_t i, const at::Tensor& full);
   // The optimizer state of the owned range, created (and accounted) on first use, that is at the
   // first optimizer step, as torch.optim does: until then the caller's original parameter tensors
   // are usually still alive, and creating the state with them would raise the set-up peak above

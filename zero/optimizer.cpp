@@ -321,21 +321,23 @@ std::pair<FlatGroup*, int64_t> ZeroOptimizer::locate(int64_t index) const {
   throw Error(detail::cat("parameter index ", index, " is not one of this engine's parameters"));
 }
 
+int64_t ZeroOptimizer::state_slot(const std::string& what) const {
+  if (what == "fp32_param") return -1;
+  const auto names = optimizer_state_names(kind_);
+  const auto it = std::find(names.begin(), names.end(), what);
+  if (it == names.end()) {
+    std::string allowed;
+    for (const auto& n : names) allowed += (allowed.empty() ? "" : ", ") + n;
+    throw ConfigError(detail::cat("optim_state_key: got \"", what, "\", expected one of ", allowed,
+                                  " (the state of ", optimizer_.type, ")"));
+  }
+  return it - names.begin();
+}
+
 at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
   const auto [g, t] = locate(index);
   const bool grad = what == "grad";
-  int64_t state = -1;
-  if (!grad && what != "fp32_param") {
-    const auto names = optimizer_state_names(kind_);
-    const auto it = std::find(names.begin(), names.end(), what);
-    if (it == names.end()) {
-      std::string allowed;
-      for (const auto& n : names) allowed += (allowed.empty() ? "" : ", ") + n;
-      throw ConfigError(detail::cat("optim_state_key: got \"", what, "\", expected one of ",
-                                    allowed, " (the state of ", optimizer_.type, ")"));
-    }
-    state = it - names.begin();
-  }
+  const int64_t state = grad ? -1 : state_slot(what);
   if ((!g->trainable() && what != "fp32_param") || (state >= 0 && !g->has_state())) return {};
   const int64_t numel = g->layout().numels[size_t(t)];
   at::Tensor full = at::zeros({numel}, g->params().options().dtype(at::kFloat));
@@ -358,6 +360,40 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
   }
   if (grad && scaler_.scale() != 1.0) full.mul_(1.0 / scaler_.scale());
   return full.view(g->shape(t));
+}
+
+void ZeroOptimizer::set_full_value(int64_t index, const std::string& what, const at::Tensor& value) {
+  const auto [g, t] = locate(index);
+  const int64_t state = state_slot(what);
+  if (state >= 0 && !g->trainable()) {
+    throw ConfigError(detail::cat("safe_set_full_optimizer_state: parameter ", index,
+                                  " is frozen; it has no optimizer state"));
+  }
+  const at::IntArrayRef shape(g->shape(t));
+  if (value.sizes() != shape) {
+    throw ConfigError(detail::cat("safe_set_full ", what, ": the value's shape is ", value.sizes(),
+                                  ", parameter ", index, "'s is ", shape));
+  }
+  // A copy: the broadcast writes into it, and the caller's tensor stays as it was.
+  at::Tensor full = value.detach().to(g->params().options().dtype(at::kFloat), false, true)
+                        .contiguous().view(-1);
+  // Rank 0's value on every rank: replicas cannot diverge where callers pass different values.
+  if (comm_->world_size() > 1) {
+    comm_->broadcast(full, 0, detail::cat("safe_set_full ", what, " of parameter ", index)).wait();
+  }
+  if (state < 0) {
+    if (coordinator_) {
+      coordinator_->overwrite(index, full);
+    } else {
+      g->write_tensor(t, full);
+    }
+    return;
+  }
+  auto& states = g->state();  // created now when no step has created it yet
+  if (const auto piece = g->owned_piece(t)) {
+    states[size_t(state)].narrow(0, piece->buffer_begin, piece->numel)
+        .copy_(full.narrow(0, piece->tensor_begin, piece->numel));
+  }
 }
 
 }  // namespace zeroshard

@@ -99,6 +99,11 @@ class ZeroOptimizer {
   // (as accumulated so far, divided by the fp16 loss scale) or a torch.optim state name; undefined
   // for a gradient or state a frozen parameter does not have, and for state before the first step.
   at::Tensor full_value(int64_t index, const std::string& what);
+  // DeepSpeed's safe_set_full_*: rank 0's `value` (the parameter's shape, any floating dtype)
+  // becomes the parameter's value (`what` "fp32_param": the master copy and the model-dtype
+  // parameter) or the optimizer state named `what` (created if no step has yet) on every rank.
+  // A broadcast: every rank must call it.
+  void set_full_value(int64_t index, const std::string& what, const at::Tensor& value);
 
  private:
   // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the
@@ -106,6 +111,9 @@ class ZeroOptimizer {
   std::pair<bool, double> inspect_gradients();
   // The group holding parameter `index` (numbered as in full_value) and its index there.
   std::pair<FlatGroup*, int64_t> locate(int64_t index) const;
+  // -1 for "fp32_param", else the index in FlatGroup::state() of torch.optim's state name `what`;
+  // a ConfigError that lists the optimizer's names for any other.
+  int64_t state_slot(const std::string& what) const;
   // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
   double global_sum_sq(double local_sum_sq);
   // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32), except

@@ -279,7 +279,15 @@ void ParamCoordinator::write_back(int64_t param_index, int modifier_rank) {
                      detail::cat("GatheredParameters: parameter ", param_index, " from rank ", modifier_rank))
         .wait();
   }
-  groups_[size_t(p.group)]->write_chunk(p.index, values, comm_->rank());
+  groups_[size_t(p.group)]->write_tensor(p.index, values);
+}
+
+void ParamCoordinator::overwrite(int64_t param_index, const at::Tensor& full) {
+  Param& p = params_.at(size_t(param_index));
+  // A gather in flight would publish the old values over the new ones when it lands.
+  if (p.in_flight >= 0) complete_gather(p.in_flight);
+  groups_[size_t(p.group)]->write_tensor(p.index, full);
+  if (p.gathered) p.tensor.detach().copy_(full.view(p.tensor.sizes()));
 }
 
 void ParamCoordinator::release_gathered() {

@@ -72,6 +72,9 @@ class ParamCoordinator {
   void fetch_params(const std::vector<int64_t>& param_indices);
   void release_params(const std::vector<int64_t>& param_indices);
   void write_back(int64_t param_index, int modifier_rank = -1);
+  // safe_set_full_fp32_param: `full` (fp32, the same on every rank) becomes the parameter's value
+  // in this rank's chunk and master copy, and in its gathered tensor where it is gathered now.
+  void overwrite(int64_t param_index, const at::Tensor& full);
   // The root module's forward starts and ends. A forward without autograd (evaluation under
   // torch.no_grad, generation) has no backward to end its iteration and does not run in the
   // training order, so it follows a trace of its own and ends at end_forward, which releases

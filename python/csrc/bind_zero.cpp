@@ -195,6 +195,8 @@ void bind_zero(py::module_& m) {
              return t;
            },
            py::arg("index"), py::arg("what"))
+      .def("set_full_value", &ZeroOptimizer::set_full_value, py::arg("index"), py::arg("what"),
+           py::arg("value"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("stage", &ZeroOptimizer::stage)

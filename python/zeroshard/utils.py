@@ -1,7 +1,8 @@
-"""DeepSpeed's deepspeed.utils helpers that read a whole parameter's state when ZeRO keeps only a
-shard of it on each rank: its fp32 master values, its gradient and its optimizer state. Each
-assembles the tensor from every rank's shard (one all-reduce of the parameter's size where the
-state is sharded), so every rank must call it, in the same order."""
+"""DeepSpeed's deepspeed.utils helpers that read or write a whole parameter's state when ZeRO keeps
+only a shard of it on each rank: its fp32 master values, its gradient and its optimizer state.
+A getter assembles the tensor from every rank's shard (one all-reduce of the parameter's size
+where the state is sharded); a setter broadcasts rank 0's value and each rank keeps its part. So
+every rank must call them, in the same order."""
 import torch
 
 
@@ -38,4 +39,31 @@ def safe_get_full_optimizer_state(param: torch.nn.Parameter, optim_state_key: st
     return None if core is None else core.full_value(index, str(optim_state_key))
 
 
-__all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state"]
+def _held(param, caller):
+    core, index = _owner(param)
+    if core is None:
+        raise ValueError(f"{caller}: the tensor (shape {tuple(param.shape)}) is not a parameter "
+                         "the engine trains: not in its model, or frozen below stage 3, where it "
+                         "is an ordinary tensor to copy into")
+    return core, index
+
+
+def safe_set_full_fp32_param(param: torch.nn.Parameter, value: torch.Tensor):
+    """Makes `value` (the parameter's shape, any floating dtype) the parameter's fp32 master value
+    and its model-dtype value, on every rank: rank 0's value is broadcast, so the replicas stay
+    equal. Takes effect at once, also in a parameter ZeRO-3 holds gathered."""
+    core, index = _held(param, "safe_set_full_fp32_param")
+    core.set_full_value(index, "fp32_param", value)
+
+
+def safe_set_full_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor,
+                                  optim_state_key: str):
+    """Makes `value` (the parameter's shape) the optimizer state `optim_state_key` (torch.optim's
+    name, as in safe_get_full_optimizer_state) of the parameter on every rank, from rank 0. Before
+    the first step this creates the state, which the first step then continues from."""
+    core, index = _held(param, "safe_set_full_optimizer_state")
+    core.set_full_value(index, str(optim_state_key), value)
+
+
+__all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
+           "safe_set_full_fp32_param", "safe_set_full_optimizer_state"]

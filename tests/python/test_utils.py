@@ -90,3 +90,106 @@ def full_values_worker(stage, precision, bucket):
     (3, "fp32", 2, 500000000), (3, "fp32", 3, 30), (2, "fp16", 2, 500000000)])
 def test_full_values_match_torch_optim_at_every_stage(stage, precision, world, bucket):
     run_distributed(full_values_worker, world, stage, precision, bucket)
+
+
+def set_values_worker(stage, precision):
+    import zeroshard
+    from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state,
+                                 safe_set_full_fp32_param, safe_set_full_optimizer_state)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = _Model()
+    reference = copy.deepcopy(model)
+    ref = dict(reference.named_parameters())
+    ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2,
+                                weight_decay=0.01)
+    # Threshold 10: the biases (8 and 3 elements) stay whole on every rank, the weights are chunked.
+    cfg = _base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+                       zero_optimization={"stage": stage, "stage3_param_persistence_threshold": 10})
+    tol = dict(rtol=1e-5, atol=1e-6)
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+        tol = dict(rtol=2e-2, atol=2e-2)
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    named = dict(model.named_parameters())
+
+    def rank0_value(name, seed, positive=False):
+        """Rank 0's value, and another on every other rank: rank 0's must win."""
+        v = torch.randn(ref[name].shape, generator=torch.Generator().manual_seed(seed + 100 * rank))
+        expected = torch.randn(ref[name].shape, generator=torch.Generator().manual_seed(seed))
+        return (v.abs(), expected.abs()) if positive else (v, expected)
+
+    def visible(name):
+        """The model-dtype value the module computes with (gathered at stage 3)."""
+        with zeroshard.zero.GatheredParameters(named[name]):
+            return named[name].detach().float().clone()
+
+    # Before the first step: the state is created with the value, and the first step reads it.
+    value, expected = rank0_value("a.bias", 1, positive=True)
+    safe_set_full_optimizer_state(named["a.bias"], value.double(), "exp_avg_sq")
+    ref_opt.state[ref["a.bias"]] = {"step": torch.tensor(0.0), "exp_avg_sq": expected.clone(),
+                                    "exp_avg": torch.zeros_like(expected)}
+    torch.testing.assert_close(safe_get_full_optimizer_state(named["a.bias"], "exp_avg_sq"), expected)
+
+    def train(steps, start):
+        for step in range(start, start + steps):
+            x = _batch(rank, step)
+            engine.backward(engine(x.to(torch.bfloat16) if precision == "bf16" else x))
+            engine.step()
+            ref_opt.zero_grad()
+            for r in range(world):
+                (reference(_batch(r, step)) / world).backward()
+            ref_opt.step()
+
+    train(2, 0)
+    with torch.no_grad():
+        for name, seed in (("a.weight", 2), ("b.bias", 3)):  # chunked and persistent at stage 3
+            value, expected = rank0_value(name, seed)
+            safe_set_full_fp32_param(named[name], value)
+            ref[name].copy_(expected)
+            assert torch.equal(safe_get_full_fp32_param(named[name]), expected), name
+            model_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            assert torch.equal(visible(name), expected.to(model_dtype).float()), name
+        value, expected = rank0_value("b.weight", 4)
+        # The size of exp_avg after a few steps: a larger one, over sqrt(exp_avg_sq), makes steps
+        # that amplify bf16's rounding past any tolerance.
+        value, expected = value * 1e-2, expected * 1e-2
+        safe_set_full_optimizer_state(named["b.weight"], value, "exp_avg")
+        ref_opt.state[ref["b.weight"]]["exp_avg"].copy_(expected)
+        assert torch.equal(safe_get_full_optimizer_state(named["b.weight"], "exp_avg"), expected)
+    if stage == 3:  # inside a GatheredParameters block the gathered tensor shows the value at once
+        value, expected = rank0_value("b.weight", 5)
+        with zeroshard.zero.GatheredParameters(named["b.weight"]):
+            safe_set_full_fp32_param(named["b.weight"], value)
+            if precision == "fp32":
+                assert torch.equal(named["b.weight"].detach(), expected)
+        with torch.no_grad():
+            ref["b.weight"].copy_(expected)
+        assert torch.equal(safe_get_full_fp32_param(named["b.weight"]), expected)
+    train(3, 2)
+    for name in ("a.weight", "a.bias", "b.weight", "b.bias"):
+        torch.testing.assert_close(safe_get_full_fp32_param(named[name]), ref[name].detach(), **tol,
+                                   msg=lambda m: f"{name}: {m}")
+        if precision == "bf16":  # bf16 gradients of the fp32 reference's are up to 8% off in exp_avg
+            continue
+        torch.testing.assert_close(safe_get_full_optimizer_state(named[name], "exp_avg"),
+                                   ref_opt.state[ref[name]]["exp_avg"], **tol,
+                                   msg=lambda m: f"{name} exp_avg: {m}")
+
+    with pytest.raises(ValueError, match=r"shape is \[6, 8\], parameter 0's is \[8, 6\]"):
+        safe_set_full_fp32_param(named["a.weight"], torch.zeros(6, 8))
+    with pytest.raises(ValueError, match="expected one of exp_avg, exp_avg_sq"):
+        safe_set_full_optimizer_state(named["a.weight"], torch.zeros(8, 6), "momentum_buffer")
+    if stage == 3:
+        with pytest.raises(ValueError, match="frozen; it has no optimizer state"):
+            safe_set_full_optimizer_state(named["frozen.weight"], torch.zeros(3, 3), "exp_avg")
+        safe_set_full_fp32_param(named["frozen.weight"], torch.eye(3))
+        assert torch.equal(visible("frozen.weight"), torch.eye(3))
+    else:
+        with pytest.raises(ValueError, match="not a parameter the engine trains"):
+            safe_set_full_fp32_param(named["frozen.weight"], torch.eye(3))
+
+
+@pytest.mark.parametrize("stage,precision", [
+    (0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"), (3, "bf16")])
+def test_set_values_are_rank0s_on_every_rank_and_training_continues_from_them(stage, precision):
+    run_distributed(set_values_worker, 2, stage, precision)

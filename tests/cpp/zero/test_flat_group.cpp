@@ -9,6 +9,17 @@
 
 using namespace zeroshard;
 
+// ZeRO-2 (sharded master, state and gradients) or ZeRO-3 (partitioned too) for one rank.
+static GroupSpec sharded_spec(int64_t world, int64_t rank, bool partitioned) {
+  GroupSpec spec;
+  spec.world_size = world;
+  spec.rank = rank;
+  spec.shard_state = true;
+  spec.full_grads = false;
+  spec.partition_params = partitioned;
+  return spec;
+}
+
 TEST_CASE("owned pieces tile every tensor once over the ranks and hold its values") {
   const std::vector<int64_t> numels = {5, 3, 100, 2, 17};
   std::vector<at::Tensor> params;
@@ -18,12 +29,7 @@ TEST_CASE("owned pieces tile every tensor once over the ranks and hold its value
       std::vector<std::vector<int>> hits(numels.size());
       for (size_t i = 0; i < numels.size(); ++i) hits[i].assign(size_t(numels[i]), 0);
       for (int64_t rank = 0; rank < world; ++rank) {
-        GroupSpec spec;
-        spec.world_size = world;
-        spec.rank = rank;
-        spec.shard_state = true;
-        spec.full_grads = false;
-        spec.partition_params = partitioned;
+        const GroupSpec spec = sharded_spec(world, rank, partitioned);
         MemoryAccount memory;
         FlatGroup g(params, spec, memory);
         for (size_t i = 0; i < numels.size(); ++i) {
@@ -44,6 +50,40 @@ TEST_CASE("owned pieces tile every tensor once over the ranks and hold its value
       for (size_t i = 0; i < numels.size(); ++i) {
         for (int h : hits[i]) REQUIRE(h == 1);
       }
+    }
+  }
+}
+
+TEST_CASE("write_tensor puts one tensor's values in the parameters and the owned master copy") {
+  const std::vector<int64_t> numels = {5, 3, 100, 2, 17};
+  std::vector<at::Tensor> params;
+  for (int64_t n : numels) params.push_back(at::randn({n}));
+  const at::Tensor values = at::randn({100}) * 3;
+  for (bool partitioned : {false, true}) {
+    for (int64_t rank = 0; rank < 3; ++rank) {
+      GroupSpec spec = sharded_spec(3, rank, partitioned);
+      spec.model_dtype = at::kBFloat16;
+      MemoryAccount memory;
+      FlatGroup g(params, spec, memory);
+      const at::Tensor before = g.params().clone();
+      const at::Tensor master_before = g.master().clone();
+      g.write_tensor(2, values);
+      const auto piece = g.owned_piece(2);
+      REQUIRE(piece.has_value());  // 100 elements: every rank owns some at world 3
+      const at::Tensor mine = values.narrow(0, piece->tensor_begin, piece->numel);
+      // The master copy takes the fp32 values exactly; the bf16 parameters their rounding.
+      REQUIRE(at::equal(g.master().narrow(0, piece->buffer_begin, piece->numel), mine));
+      at::Tensor written = partitioned ? g.params().narrow(0, piece->buffer_begin, piece->numel)
+                                       : g.params().narrow(0, g.layout().offsets[2], 100);
+      REQUIRE(at::equal(written, (partitioned ? mine : values).to(at::kBFloat16)));
+      // Nothing else changed: the parameters and master values outside tensor 2.
+      written.copy_(before.narrow(0, written.storage_offset(), written.numel()));
+      REQUIRE(at::equal(g.params(), before));
+      g.master().narrow(0, piece->buffer_begin, piece->numel)
+          .copy_(master_before.narrow(0, piece->buffer_begin, piece->numel));
+      REQUIRE(at::equal(g.master(), master_before));
+      REQUIRE_THROWS_WITH(g.write_tensor(2, at::zeros({99})),
+                          Catch::Contains("99 values for tensor 2 of 100 elements"));
     }
   }
 }
