@@ -12,12 +12,15 @@ namespace zeroshard {
 
 // DeepSpeed's arithmetic: prescale_gradients divides by the world size before the sum; otherwise
 // gradient_predivide_factor f divides before the sum and f / world_size scales after it (so fp16
-// sums stay in range with f > 1). Either way the result is the mean over ranks.
+// sums stay in range with f > 1). Either way the result is the mean over ranks. A single rank
+// sums nothing: its gradient is the mean, and 1/f then f would only round a 16-bit one twice.
 double ReduceOptions::pre_factor(int64_t world_size) const {
+  if (world_size == 1) return 1.0;
   return prescale_gradients ? 1.0 / double(world_size) : 1.0 / gradient_predivide_factor;
 }
 
 double ReduceOptions::post_factor(int64_t world_size) const {
+  if (world_size == 1) return 1.0;
   return prescale_gradients ? 1.0 : gradient_predivide_factor / double(world_size);
 }
 

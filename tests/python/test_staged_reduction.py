@@ -209,7 +209,9 @@ def unrounded_factors_worker(stage):
     post = f / world
     for name, p in model.named_parameters():
         g1, g2 = grads[0][name], grads[1][name]
-        if engine.zero_optimization_stage() < 2:  # the window's sum, reduced at the boundary
+        if world == 1:  # nothing summed, so no factor: the two micro-steps' bf16 sum, unscaled
+            expect = g1 + g2
+        elif engine.zero_optimization_stage() < 2:  # the window's sum, reduced at the boundary
             expect = (reduced(g1 + g2) * post).to(torch.bfloat16)
         else:  # each micro-step reduced and added into the bf16 shard, in fp32
             shard = (reduced(g1) * post).to(torch.bfloat16)
@@ -218,8 +220,9 @@ def unrounded_factors_worker(stage):
         assert torch.equal(got, expect.float()), (name, (got - expect.float()).abs().max())
 
 
+@pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_factors_that_bf16_cannot_hold_apply_unrounded_to_bf16_gradients(stage):
+def test_factors_that_bf16_cannot_hold_apply_unrounded_to_bf16_gradients(stage, world):
     # ATen's in-place mul_ and add_'s alpha round the factor to bf16 first: 0.3 would be applied
-    # as 0.30078 and 5/3 as 1.664.
-    run_distributed(unrounded_factors_worker, 2, stage)
+    # as 0.30078 and 5/3 as 1.664. A single rank applies no factor at all.
+    run_distributed(unrounded_factors_worker, world, stage)
