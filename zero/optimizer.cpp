@@ -309,7 +309,10 @@ ParamCoordinator& ZeroOptimizer::coordinator() {
   return *coordinator_;
 }
 
-void ZeroOptimizer::zero_grad() { reducer_->zero_grad(); }
+void ZeroOptimizer::zero_grad() {
+  reducer_->zero_grad();
+  grads_written_ = false;
+}
 
 std::pair<FlatGroup*, int64_t> ZeroOptimizer::locate(int64_t index) const {
   int64_t i = index;
@@ -338,7 +341,10 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
   const auto [g, t] = locate(index);
   const bool grad = what == "grad";
   const int64_t state = grad ? -1 : state_slot(what);
-  if ((!g->trainable() && what != "fp32_param") || (state >= 0 && !g->has_state())) return {};
+  if ((!g->trainable() && what != "fp32_param") || (state >= 0 && !g->has_state()) ||
+      (grad && !grads_written_)) {
+    return {};
+  }
   const int64_t numel = g->layout().numels[size_t(t)];
   at::Tensor full = at::zeros({numel}, g->params().options().dtype(at::kFloat));
   if (grad && g->full_grads()) {  // stages 0/1: every rank holds the whole gradient

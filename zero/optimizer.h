@@ -61,7 +61,10 @@ class ZeroOptimizer {
   int64_t num_params() const { return reducer_->num_params(); }
 
   // Before each backward: whether it ends the gradient accumulation window.
-  void before_backward(bool accumulation_boundary) { reducer_->begin_backward(accumulation_boundary); }
+  void before_backward(bool accumulation_boundary) {
+    grads_written_ = true;
+    reducer_->begin_backward(accumulation_boundary);
+  }
   // Parameter `param_index`'s gradient for this backward is final (hook on the autograd thread).
   void grad_ready(int64_t param_index, const at::Tensor& grad) {
     reducer_->grad_ready(param_index, grad);
@@ -97,7 +100,8 @@ class ZeroOptimizer {
   // rank owns (an all-reduce where that is a shard: every rank must call it). `index` counts the
   // trainable parameters group by group, then stage 3's frozen ones. `what` is "fp32_param", "grad"
   // (as accumulated so far, divided by the fp16 loss scale) or a torch.optim state name; undefined
-  // for a gradient or state a frozen parameter does not have, and for state before the first step.
+  // for a gradient or state a frozen parameter does not have, for a gradient when no backward ran
+  // since the last zero_grad (the step's included), and for state before the first step.
   at::Tensor full_value(int64_t index, const std::string& what);
   // DeepSpeed's safe_set_full_*: rank 0's `value` (the parameter's shape, any floating dtype)
   // becomes the parameter's value (`what` "fp32_param": the master copy and the model-dtype
@@ -138,6 +142,7 @@ class ZeroOptimizer {
   OptimizerKind kind_;
   std::vector<int64_t> group_steps_;
   int64_t skipped_steps_ = 0;
+  bool grads_written_ = false;  // a backward ran since the last zero_grad
 };
 
 }  // namespace zeroshard

@@ -21,9 +21,10 @@ def safe_get_full_fp32_param(param: torch.nn.Parameter):
 def safe_get_full_grad(param: torch.nn.Parameter):
     """The parameter's whole gradient in fp32, divided by the fp16 loss scale: what the next
     step will apply (the mean over ranks and micro-steps) once the accumulation boundary's
-    backward has run. Stages 0/1: None whenever param.grad is None (after step() or zero_grad());
-    before the boundary, this rank's own sum so far. Stages 2/3: the micro-steps reduced so far,
-    zeros after step() or zero_grad(). None for a tensor the engine does not hold or a frozen one."""
+    backward has run; None before a backward and after step() or zero_grad(). Before the
+    boundary, stages 0/1 give this rank's own sum so far (None whenever param.grad is None),
+    stages 2/3 the micro-steps reduced so far. None for a tensor the engine does not hold or a
+    frozen one."""
     core, index = _owner(param)
     if core is None or (core.keeps_full_grads and param.grad is None):
         return None

@@ -50,6 +50,7 @@ def full_values_worker(stage, precision, bucket):
     with pytest.raises(ValueError, match="expected one of exp_avg, exp_avg_sq"):
         safe_get_full_optimizer_state(named["a.weight"], "momentum_buffer")
     assert safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2))) is None
+    assert safe_get_full_grad(named["a.weight"]) is None, "no backward yet"
     for step in range(3):
         x = _batch(rank, step)
         engine.backward(engine(x.half() if precision == "fp16" else x))
@@ -66,14 +67,17 @@ def full_values_worker(stage, precision, bucket):
         ref_opt.step()
         for n in trainable:
             grad = safe_get_full_grad(named[n])
-            # After the step: stages 0/1 have no gradient; 2/3 hold zeroed shards.
-            assert grad is None if stage < 2 else not grad.any(), (n, grad)
+            assert grad is None, (n, "no gradient after the step", grad)
             torch.testing.assert_close(safe_get_full_fp32_param(named[n]), ref[n].detach(), **tol,
                                        msg=lambda m: f"{n} step {step}: {m}")
             for key in ("exp_avg", "exp_avg_sq"):
                 torch.testing.assert_close(safe_get_full_optimizer_state(named[n], key),
                                            ref_opt.state[ref[n]][key], **tol,
                                            msg=lambda m: f"{n} {key} step {step}: {m}")
+    engine.backward(engine(_batch(rank, 9).half() if precision == "fp16" else _batch(rank, 9)))
+    assert safe_get_full_grad(named["a.weight"]) is not None
+    engine.zero_grad()
+    assert safe_get_full_grad(named["a.weight"]) is None, "no gradient after zero_grad()"
     frozen = named["frozen.weight"]
     if stage == 3:  # partitioned too: its whole value, and no gradient or state
         torch.testing.assert_close(safe_get_full_fp32_param(frozen), ref["frozen.weight"],
