@@ -200,6 +200,9 @@ void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double 
   const at::Tensor p16_all =
       g.mixed_precision() ? g.params().narrow(0, own.begin, own.numel()) : at::Tensor();
   const at::Tensor master = g.master();
+  // As torch.optim: a state created by this step starts from the gradient (SGD's momentum), one
+  // that safe_set_full_optimizer_state created before the first step is continued from.
+  const bool fresh_state = !g.has_state();
   auto& st = g.state();
   const auto& oc = optimizer_;
   // Piece by piece over the owned range: one piece, or stage 3's gradient segments.
@@ -226,7 +229,7 @@ void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double 
       case OptimizerKind::sgd:
         ops::sgd_step(p, g32, part(st[0]),
                       {float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
-                       h.nesterov, step == 1}, p16);
+                       h.nesterov, fresh_state}, p16);
         break;
       case OptimizerKind::adagrad:
         ops::adagrad_step(p, g32, part(st[0]),

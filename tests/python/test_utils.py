@@ -197,3 +197,42 @@ def set_values_worker(stage, precision):
     (0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"), (3, "bf16")])
 def test_set_values_are_rank0s_on_every_rank_and_training_continues_from_them(stage, precision):
     run_distributed(set_values_worker, 2, stage, precision)
+
+
+def sgd_momentum_set_first_worker(stage):
+    import zeroshard
+    from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state,
+                                 safe_set_full_optimizer_state)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = _Model()
+    reference = copy.deepcopy(model)
+    ref = dict(reference.named_parameters())
+    ref_opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.1,
+                              momentum=0.9)
+    cfg = _base_config(optimizer={"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+                       zero_optimization={"stage": stage})
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    named = dict(model.named_parameters())
+    buf = torch.randn(8, 6, generator=torch.Generator().manual_seed(7)) * 0.1
+    # Set before the first step: torch's SGD continues from a momentum buffer it finds, and seeds
+    # one with the gradient only where there is none (a.bias here).
+    safe_set_full_optimizer_state(named["a.weight"], buf, "momentum_buffer")
+    ref_opt.state[ref["a.weight"]] = {"momentum_buffer": buf.clone()}
+    for step in range(3):
+        engine.backward(engine(_batch(rank, step)))
+        engine.step()
+        ref_opt.zero_grad()
+        for r in range(world):
+            (reference(_batch(r, step)) / world).backward()
+        ref_opt.step()
+    for name in ("a.weight", "a.bias"):
+        torch.testing.assert_close(safe_get_full_optimizer_state(named[name], "momentum_buffer"),
+                                   ref_opt.state[ref[name]]["momentum_buffer"], rtol=1e-5,
+                                   atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(safe_get_full_fp32_param(named[name]), ref[name].detach(),
+                                   rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_momentum_buffer_set_before_the_first_step_is_continued_as_torch_sgd_does(stage):
+    run_distributed(sgd_momentum_set_first_worker, 2, stage)

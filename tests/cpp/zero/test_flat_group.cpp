@@ -59,10 +59,18 @@ TEST_CASE("write_tensor puts one tensor's values in the parameters and the owned
   std::vector<at::Tensor> params;
   for (int64_t n : numels) params.push_back(at::randn({n}));
   const at::Tensor values = at::randn({100}) * 3;
-  for (bool partitioned : {false, true}) {
+  // Stage 0 in fp32 (every rank owns everything; the master values are the parameters), and
+  // stages 2 and 3 in bf16.
+  for (int stage : {0, 2, 3}) {
+    const bool partitioned = stage == 3;
     for (int64_t rank = 0; rank < 3; ++rank) {
       GroupSpec spec = sharded_spec(3, rank, partitioned);
-      spec.model_dtype = at::kBFloat16;
+      if (stage == 0) {
+        spec.shard_state = false;
+        spec.full_grads = true;
+      } else {
+        spec.model_dtype = at::kBFloat16;
+      }
       MemoryAccount memory;
       FlatGroup g(params, spec, memory);
       const at::Tensor before = g.params().clone();
@@ -71,11 +79,12 @@ TEST_CASE("write_tensor puts one tensor's values in the parameters and the owned
       const auto piece = g.owned_piece(2);
       REQUIRE(piece.has_value());  // 100 elements: every rank owns some at world 3
       const at::Tensor mine = values.narrow(0, piece->tensor_begin, piece->numel);
-      // The master copy takes the fp32 values exactly; the bf16 parameters their rounding.
+      if (stage == 0) REQUIRE(piece->numel == 100);
+      // The master copy takes the fp32 values exactly; bf16 parameters their rounding.
       REQUIRE(at::equal(g.master().narrow(0, piece->buffer_begin, piece->numel), mine));
       at::Tensor written = partitioned ? g.params().narrow(0, piece->buffer_begin, piece->numel)
                                        : g.params().narrow(0, g.layout().offsets[2], 100);
-      REQUIRE(at::equal(written, (partitioned ? mine : values).to(at::kBFloat16)));
+      REQUIRE(at::equal(written, (partitioned ? mine : values).to(spec.model_dtype)));
       // Nothing else changed: the parameters and master values outside tensor 2.
       written.copy_(before.narrow(0, written.storage_offset(), written.numel()));
       REQUIRE(at::equal(g.params(), before));
