@@ -93,7 +93,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ro.bucket_numel = std::min(config.zero_optimization.reduce_bucket_size, cap);
   ro.prescale_gradients = config.prescale_gradients;
   ro.gradient_predivide_factor = config.gradient_predivide_factor;
-  ro.comm_dtype = comm_dtype(config.communication_data_type);
+  // A single rank communicates nothing: a copy in another dtype would only round its gradients.
+  if (comm_->world_size() > 1) ro.comm_dtype = comm_dtype(config.communication_data_type);
   reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
   if (strategy_->partitions_params()) {
     std::vector<FlatGroup*> gathered = raw;
