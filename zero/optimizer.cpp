@@ -368,7 +368,7 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
       comm_->all_reduce(full, detail::cat("safe_get_full ", what, " of parameter ", index)).wait();
     }
   }
-  if (grad && scaler_.scale() != 1.0) full.mul_(1.0 / scaler_.scale());
+  if (grad) ops::scale_(full, 1.0 / scaler_.scale());
   return full.view(g->shape(t));
 }
 

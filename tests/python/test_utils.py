@@ -28,6 +28,23 @@ def _batch(rank, step):
     return torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank))
 
 
+def _reference_backward(reference, ref_opt, step, world):
+    """The reference's gradients for the global batch: every rank's micro-batch."""
+    ref_opt.zero_grad()
+    for r in range(world):
+        (reference(_batch(r, step)) / world).backward()
+
+
+def _train(engine, reference, ref_opt, steps, start=0, dtype=torch.float32):
+    """`steps` steps of the engine (its micro-batch in `dtype`) and of the reference."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for step in range(start, start + steps):
+        engine.backward(engine(_batch(rank, step).to(dtype)))
+        engine.step()
+        _reference_backward(reference, ref_opt, step, world)
+        ref_opt.step()
+
+
 def full_values_worker(stage, precision, bucket):
     import zeroshard
     from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_grad,
@@ -54,9 +71,7 @@ def full_values_worker(stage, precision, bucket):
     for step in range(3):
         x = _batch(rank, step)
         engine.backward(engine(x.half() if precision == "fp16" else x))
-        ref_opt.zero_grad()
-        for r in range(world):  # the global batch: every rank's micro-batch
-            (reference(_batch(r, step)) / world).backward()
+        _reference_backward(reference, ref_opt, step, world)
         ref = dict(reference.named_parameters())
         for n in trainable:
             grad = safe_get_full_grad(named[n])
@@ -100,7 +115,7 @@ def set_values_worker(stage, precision):
     import zeroshard
     from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state,
                                  safe_set_full_fp32_param, safe_set_full_optimizer_state)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     model = _Model()
     reference = copy.deepcopy(model)
     ref = dict(reference.named_parameters())
@@ -134,24 +149,14 @@ def set_values_worker(stage, precision):
                                     "exp_avg": torch.zeros_like(expected)}
     torch.testing.assert_close(safe_get_full_optimizer_state(named["a.bias"], "exp_avg_sq"), expected)
 
-    def train(steps, start):
-        for step in range(start, start + steps):
-            x = _batch(rank, step)
-            engine.backward(engine(x.to(torch.bfloat16) if precision == "bf16" else x))
-            engine.step()
-            ref_opt.zero_grad()
-            for r in range(world):
-                (reference(_batch(r, step)) / world).backward()
-            ref_opt.step()
-
-    train(2, 0)
+    model_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    _train(engine, reference, ref_opt, 2, dtype=model_dtype)
     with torch.no_grad():
         for name, seed in (("a.weight", 2), ("b.bias", 3)):  # chunked and persistent at stage 3
             value, expected = rank0_value(name, seed)
             safe_set_full_fp32_param(named[name], value)
             ref[name].copy_(expected)
             assert torch.equal(safe_get_full_fp32_param(named[name]), expected), name
-            model_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             assert torch.equal(visible(name), expected.to(model_dtype).float()), name
         value, expected = rank0_value("b.weight", 4)
         # The size of exp_avg after a few steps: a larger one, over sqrt(exp_avg_sq), makes steps
@@ -169,7 +174,7 @@ def set_values_worker(stage, precision):
         with torch.no_grad():
             ref["b.weight"].copy_(expected)
         assert torch.equal(safe_get_full_fp32_param(named["b.weight"]), expected)
-    train(3, 2)
+    _train(engine, reference, ref_opt, 3, start=2, dtype=model_dtype)
     for name in ("a.weight", "a.bias", "b.weight", "b.bias"):
         torch.testing.assert_close(safe_get_full_fp32_param(named[name]), ref[name].detach(), **tol,
                                    msg=lambda m: f"{name}: {m}")
@@ -203,7 +208,6 @@ def sgd_momentum_set_first_worker(stage):
     import zeroshard
     from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state,
                                  safe_set_full_optimizer_state)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     model = _Model()
     reference = copy.deepcopy(model)
     ref = dict(reference.named_parameters())
@@ -218,13 +222,7 @@ def sgd_momentum_set_first_worker(stage):
     # one with the gradient only where there is none (a.bias here).
     safe_set_full_optimizer_state(named["a.weight"], buf, "momentum_buffer")
     ref_opt.state[ref["a.weight"]] = {"momentum_buffer": buf.clone()}
-    for step in range(3):
-        engine.backward(engine(_batch(rank, step)))
-        engine.step()
-        ref_opt.zero_grad()
-        for r in range(world):
-            (reference(_batch(r, step)) / world).backward()
-        ref_opt.step()
+    _train(engine, reference, ref_opt, 3)
     for name in ("a.weight", "a.bias"):
         torch.testing.assert_close(safe_get_full_optimizer_state(named[name], "momentum_buffer"),
                                    ref_opt.state[ref[name]]["momentum_buffer"], rtol=1e-5,
