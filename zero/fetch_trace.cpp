@@ -18,6 +18,13 @@ bool FetchTrace::on_fetch(int64_t module_id) {
 }
 
 bool FetchTrace::end_iteration() {
+  if (discard_) {
+    mode_ = Mode::record;
+    trace_.clear();
+    pos_ = 0;
+    broken_ = discard_ = false;
+    return true;
+  }
   bool ok = !broken_;
   if (mode_ == Mode::follow && !broken_ && pos_ != trace_.size()) {
     invalidate();
@@ -36,12 +43,21 @@ bool FetchTrace::end_iteration() {
 }
 
 void FetchTrace::abandon_iteration() {
+  discard_ = false;
   if (mode_ == Mode::record || broken_) {
     mode_ = Mode::record;
     trace_.clear();
   }
   pos_ = 0;
   broken_ = false;
+}
+
+void FetchTrace::restart_recording(bool mid_iteration) {
+  mode_ = Mode::record;
+  trace_.clear();
+  pos_ = 0;
+  broken_ = false;
+  discard_ = mid_iteration;
 }
 
 void FetchTrace::invalidate() {

@@ -22,6 +22,10 @@ class FetchTrace {
   // recording is dropped and recorded again whole; a trace being followed is kept and followed
   // from its start next iteration.
   void abandon_iteration();
+  // A module joined the order (a parameter read outside its owner's forward registered the
+  // reader): what was recorded lacks it, so the order is recorded again, without a warning, from
+  // the next iteration on (mid_iteration: this one is under way and its recording is dropped).
+  void restart_recording(bool mid_iteration);
   // Modules expected after the current position, nearest first (empty while recording).
   const std::vector<int64_t>& modules() const { return trace_; }
   size_t position() const { return pos_; }
@@ -33,6 +37,7 @@ class FetchTrace {
   std::vector<int64_t> trace_;
   size_t pos_ = 0;
   bool broken_ = false;  // order changed during this iteration
+  bool discard_ = false;  // this iteration's recording lacks a module: record the next one
   int64_t invalidations_ = 0;
 };
 

@@ -372,7 +372,8 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
   return full.view(g->shape(t));
 }
 
-void ZeroOptimizer::set_full_value(int64_t index, const std::string& what, const at::Tensor& value) {
+void ZeroOptimizer::set_full_value(int64_t index, const std::string& what, const at::Tensor& value,
+                                   int src_rank) {
   const auto [g, t] = locate(index);
   const int64_t state = state_slot(what);
   if (state >= 0 && !g->trainable()) {
@@ -387,9 +388,11 @@ void ZeroOptimizer::set_full_value(int64_t index, const std::string& what, const
   // A copy: the broadcast writes into it, and the caller's tensor stays as it was.
   at::Tensor full = value.detach().to(g->params().options().dtype(at::kFloat), false, true)
                         .contiguous().view(-1);
-  // Rank 0's value on every rank: replicas cannot diverge where callers pass different values.
+  // One rank's value on every rank: replicas cannot diverge where callers pass different values.
   if (comm_->world_size() > 1) {
-    comm_->broadcast(full, 0, detail::cat("safe_set_full ", what, " of parameter ", index)).wait();
+    comm_->broadcast(full, src_rank,
+                     detail::cat("safe_set_full ", what, " of parameter ", index, " from rank ", src_rank))
+        .wait();
   }
   if (state < 0) {
     if (coordinator_) {

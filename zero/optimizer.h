@@ -103,11 +103,13 @@ class ZeroOptimizer {
   // for a gradient or state a frozen parameter does not have, for a gradient when no backward ran
   // since the last zero_grad (the step's included), and for state before the first step.
   at::Tensor full_value(int64_t index, const std::string& what);
-  // DeepSpeed's safe_set_full_*: rank 0's `value` (the parameter's shape, any floating dtype)
-  // becomes the parameter's value (`what` "fp32_param": the master copy and the model-dtype
-  // parameter) or the optimizer state named `what` (created if no step has yet) on every rank.
-  // A broadcast: every rank must call it.
-  void set_full_value(int64_t index, const std::string& what, const at::Tensor& value);
+  // DeepSpeed's safe_set_full_*: rank src_rank's `value` (the parameter's shape, any floating
+  // dtype) becomes the parameter's value (`what` "fp32_param": the master copy and the
+  // model-dtype parameter) or the optimizer state named `what` (created if no step has yet) on
+  // every rank. A broadcast: every rank must call it. GatheredParameters(modifier_rank) passes
+  // its modifier rank for a parameter that is not partitioned (stages 0-2).
+  void set_full_value(int64_t index, const std::string& what, const at::Tensor& value,
+                      int src_rank = 0);
 
  private:
   // Overflow flag and sum of squares of the owned gradient slices, reduced across ranks when the

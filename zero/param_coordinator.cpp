@@ -109,6 +109,11 @@ void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   Module& m = modules_[size_t(module_id)];
   fetch_params(m.params);
   ++(for_backward ? m.backward_fetches : m.forward_fetches);
+  if (for_backward) {
+    // A gradient that arrived before this module's backward began came from another autograd
+    // pass (reentrant checkpointing's) and says nothing about this one: wait for the next.
+    for (int64_t i : m.params) params_[size_t(i)].grad_done = false;
+  }
   prefetch();
 }
 
@@ -249,6 +254,43 @@ void ParamCoordinator::backward_nodes_done(int64_t module_id, int64_t gathers) {
 bool ParamCoordinator::holds_frozen(int64_t module_id) const {
   check_module(module_id);
   return modules_[size_t(module_id)].holds_frozen;
+}
+
+bool ParamCoordinator::join(int64_t module_id, int64_t param_index) {
+  ZS_CHECK(param_index >= 0 && size_t(param_index) < params_.size(), "ParamCoordinator: parameter ",
+           param_index, " is outside 0..", params_.size() - 1);
+  const bool joins = size_t(module_id) >= modules_.size() || modules_[size_t(module_id)].params.empty();
+  if (!joins) {
+    const auto& known = modules_[size_t(module_id)].params;
+    if (std::find(known.begin(), known.end(), param_index) != known.end()) return false;
+  }
+  register_module(module_id, {param_index});
+  if (joins) {
+    // The recorded orders lack the module; an iteration under way is recorded again too.
+    train_trace_.restart_recording(true);
+    eval_trace_.restart_recording(true);
+  }
+  return true;
+}
+
+bool ParamCoordinator::read_in_forward(int64_t module_id, int64_t param_index) {
+  const Param& p = params_.at(size_t(param_index));
+  const bool held = p.persistent || std::any_of(p.modules.begin(), p.modules.end(), [&](int64_t m) {
+                      return modules_[size_t(m)].forward_fetches > 0;
+                    });
+  return !held && add_external(module_id, param_index, true);
+}
+
+bool ParamCoordinator::add_external(int64_t module_id, int64_t param_index, bool running) {
+  if (!join(module_id, param_index)) return false;
+  if (running) {
+    Module& m = modules_[size_t(module_id)];
+    // A module that joined during its own forward never fetched: count that forward as begun, so
+    // that its end (release) and abandon_forward release what is gathered here, once.
+    if (m.forward_fetches == 0) m.forward_fetches = 1;
+    fetch_params({param_index});
+  }
+  return true;
 }
 
 void ParamCoordinator::maybe_release_after_backward(int64_t mid) {

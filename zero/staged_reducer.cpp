@@ -23,6 +23,7 @@ StagedReducer::StagedReducer(const std::vector<FlatGroup*>& groups, std::shared_
   }
   plan_ = plan_buckets(layouts, opt_.bucket_numel);
   param_buckets_.assign(plan_.bucket_of_param.size(), {-1, 0});
+  arrived_.assign(plan_.bucket_of_param.size(), false);
 }
 
 void StagedReducer::add_bucket(Bucket b) {
@@ -68,12 +69,21 @@ at::TensorOptions StagedReducer::comm_options() const {
 void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
   ZS_CHECK(index >= 0 && index < num_params(), "gradient reducer: parameter index ", index,
            " is outside 0..", num_params() - 1);
+  if (arrived_[size_t(index)]) {
+    throw Error(detail::cat(
+        "gradient of parameter ", index, " arrived twice in one backward: ZeRO stages 2 and 3 ",
+        "reduce each gradient once per backward, and a parameter used both inside a reentrant ",
+        "activation-checkpointing region (torch.utils.checkpoint with use_reentrant=True) and ",
+        "outside it gets one gradient from each of the two autograd passes (DeepSpeed has the ",
+        "same limit); use use_reentrant=False, checkpoint every use of it, or ZeRO stage 0 or 1"));
+  }
+  arrived_[size_t(index)] = true;
   const auto [first, count] = param_buckets_[size_t(index)];
   for (int64_t id = first; id < first + count; ++id) {
     Bucket& b = buckets_[size_t(id)];
     ZS_CHECK(b.state == Bucket::State::idle || b.state == Bucket::State::filling,
-             "gradient of parameter ", index,
-             " arrived twice in one backward (its bucket is already being reduced)");
+             "gradient reducer: bucket ", id, " of parameter ", index,
+             " is already being reduced (this is a bug, please report it)");
     if (b.state == Bucket::State::idle) {
       b.buffer = acquire_buffer(b);
       // Zeroed: padding and parameters without a gradient contribute zeros.
@@ -124,12 +134,14 @@ void StagedReducer::finish() {
   }
   while (!in_flight_.empty()) complete(buckets_[size_t(in_flight_.front())]);
   for (auto& b : buckets_) b.state = Bucket::State::idle;
+  std::fill(arrived_.begin(), arrived_.end(), false);
 }
 
 void StagedReducer::abort() {
   // Reset first, so a wait that throws leaves no half-reset state behind.
   std::vector<int64_t> started;
   started.swap(in_flight_);
+  std::fill(arrived_.begin(), arrived_.end(), false);
   for (auto& b : buckets_) {
     b.state = Bucket::State::idle;
     b.buffer = -1;

@@ -76,6 +76,9 @@ class StagedReducer : public Reducer {
   std::vector<Bucket> buckets_;
   // Global parameter index -> its first bucket and how many (more than one: pieces).
   std::vector<std::pair<int64_t, int64_t>> param_buckets_;
+  // Whether each parameter's gradient arrived in this backward: a second would overwrite the
+  // first in its staging buffer, or come after its bucket was reduced.
+  std::vector<bool> arrived_;
   std::vector<at::Tensor> staging_;
   std::vector<bool> busy_;
   std::vector<int64_t> in_flight_;  // bucket indices in the order they started

@@ -8,6 +8,7 @@
 #include "python/csrc/bindings.h"
 #include "runtime/comm.h"
 #include "runtime/memory.h"
+#include "runtime/shard.h"
 
 namespace py = pybind11;
 
@@ -111,6 +112,12 @@ void bind_runtime(py::module_& m) {
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>());
 
+  // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
+  // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
+  m.def("zero3_chunk", [](int64_t numel, int64_t world_size, int64_t rank) {
+        const ChunkLayout layout = make_chunk_layout({numel}, world_size);
+        return std::make_pair(layout.chunks[0], layout.held_numel(0, rank));
+      }, py::arg("numel"), py::arg("world_size"), py::arg("rank"));
   py::class_<MemoryAccount>(m, "MemoryAccount")
       .def("bytes", [](const MemoryAccount& a) {
         py::dict d;

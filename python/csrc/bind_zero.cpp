@@ -156,6 +156,15 @@ void bind_zero(py::module_& m) {
            py::arg("module_id"), py::arg("gathers") = 1, py::call_guard<py::gil_scoped_release>())
       .def("holds_frozen", [](ZeroOptimizer& o, int64_t id) { return o.coordinator().holds_frozen(id); },
            py::arg("module_id"))
+      .def("read_in_forward",
+           [](ZeroOptimizer& o, int64_t id, int64_t i) { return o.coordinator().read_in_forward(id, i); },
+           py::arg("module_id"), py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
+      .def("add_external",
+           [](ZeroOptimizer& o, int64_t id, int64_t i, bool running) {
+             return o.coordinator().add_external(id, i, running);
+           },
+           py::arg("module_id"), py::arg("param_index"), py::arg("running"),
+           py::call_guard<py::gil_scoped_release>())
       .def("fetch_params",
            [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().fetch_params(ids); },
            py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
@@ -196,7 +205,7 @@ void bind_zero(py::module_& m) {
            },
            py::arg("index"), py::arg("what"))
       .def("set_full_value", &ZeroOptimizer::set_full_value, py::arg("index"), py::arg("what"),
-           py::arg("value"), py::call_guard<py::gil_scoped_release>())
+           py::arg("value"), py::arg("src_rank") = 0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("stage", &ZeroOptimizer::stage)

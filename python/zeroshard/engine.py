@@ -279,6 +279,7 @@ class ZeroShardEngine(torch.nn.Module):
             return self.module(*inputs, **kwargs)
         except BaseException as error:
             # ZeRO-3: what the forward gathered is released, so the next one starts clean.
+            zero_hooks.forget_running(self._core)
             self._clean_up_after(error, self._core.abort_forward)
             raise
 
@@ -472,5 +473,13 @@ class ZeroShardEngine(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            module = super().__getattr__("module")
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is None:  # still being built (initialize raised before the module was set)
+            raise AttributeError(f"'{type(self).__name__}' has no attribute {name!r}: the engine "
+                                 "was not built (initialize() did not finish)")
+        try:
             return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"'{type(self).__name__}' has no attribute {name!r}, nor has the "
+                                 f"{type(module).__name__} it wraps") from None

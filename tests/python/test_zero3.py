@@ -284,9 +284,9 @@ def test_register_external_parameter():
     run_distributed(external_worker, 2, True)
 
 
-def test_an_unregistered_external_parameter_fails_loudly():
-    with pytest.raises(pytest.fail.Exception, match="rank 0 of 2 failed"):
-        run_distributed(external_worker, 2, False)
+def test_an_unregistered_external_parameter_is_gathered_by_the_reader():
+    # Before issue 24 the read saw the empty partition and F.linear failed with a size mismatch.
+    run_distributed(external_worker, 2, False)
 
 
 # ----- the coordinator's trace: prefetch, reuse, the live cap, a changed order -----

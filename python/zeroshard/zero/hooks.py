@@ -11,17 +11,129 @@ import torch
 from zeroshard import _C
 
 _EXTERNAL = "_zeroshard_external_params"
+_HOOKS = "_zeroshard_hooks"  # a module's _ModuleHooks, once an engine hooks it
+
+# The _ModuleHooks of the modules whose forward is under way, innermost last.
+_RUNNING = []
 
 
 def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter):
     """Declares that `module`'s forward uses `parameter` although another module owns it, so it is
-    gathered around `module` too (DeepSpeed's deepspeed.zero.register_external_parameter)."""
+    gathered around `module` too (DeepSpeed's deepspeed.zero.register_external_parameter). Not
+    needed for a read inside a forward, which gathers by itself, but honoured before and after
+    initialize()."""
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError("register_external_parameter: expected a torch.nn.Module, got "
+                         f"{type(module).__name__}")
     if not isinstance(parameter, torch.nn.Parameter):
         raise ValueError("register_external_parameter: expected a torch.nn.Parameter, got "
                          f"{type(parameter).__name__}")
     params = module.__dict__.setdefault(_EXTERNAL, [])
     if all(p is not parameter for p in params):
         params.append(parameter)
+    hooks = module.__dict__.get(_HOOKS)
+    core = getattr(parameter, "_zeroshard_core", None)
+    if core is None or not core.partitions_params:
+        return  # whole on every rank, or read when an engine hooks the module (install)
+    if hooks is None or hooks.core is not core:
+        raise ValueError(f"register_external_parameter: the parameter (ds_id {parameter.ds_id}) "
+                         f"belongs to a ZeRO-3 engine whose model does not contain this "
+                         f"{type(module).__name__}; register it with a module of that model")
+    hooks.add_external(parameter._zeroshard_index)
+
+
+class _ModuleIds:
+    """Hands out the coordinator's module ids, in registration order."""
+    __slots__ = ("next",)
+
+    def __init__(self):
+        self.next = 0
+
+    def take(self):
+        self.next += 1
+        return self.next - 1
+
+
+class _ModuleHooks:
+    """One module of an engine's model: its coordinator id (None while it uses no partitioned
+    parameter) and its forward hooks. Every module has one, so that a parameter read in any
+    module's forward finds the module that reads it (see _GatherOnRead)."""
+    __slots__ = ("core", "ids", "module_id", "starts", "policy")
+
+    def __init__(self, core, ids, policy):
+        self.core, self.ids, self.policy = core, ids, policy
+        self.module_id = self.starts = None
+
+    # A copy or pickle of the module is not hooked by any engine.
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return _nothing, ()
+
+    def register(self, param_indices):
+        self.module_id = self.ids.take()
+        self.core.register_module(self.module_id, param_indices)
+        self._track_frozen()
+
+    def _track_frozen(self):
+        # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
+        # kept for a module whose frozen parameters need _NodesRun.
+        if self.starts is None and self.core.holds_frozen(self.module_id):
+            self.starts = []
+
+    def read(self, index):
+        """A partitioned parameter read in this module's forward, which no running module holds
+        until the coordinator says so: it becomes this module's external parameter."""
+        module_id = self.module_id if self.module_id is not None else self.ids.next
+        if self.core.read_in_forward(module_id, index) and self.module_id is None:
+            self.module_id = self.ids.take()
+        if self.module_id is not None:
+            self._track_frozen()
+
+    def add_external(self, index):
+        running = any(h is self for h in _RUNNING)
+        module_id = self.module_id if self.module_id is not None else self.ids.next
+        if self.core.add_external(module_id, index, running) and self.module_id is None:
+            self.module_id = self.ids.take()
+        if self.module_id is not None:
+            self._track_frozen()
+
+
+def _nothing():
+    return None
+
+
+class _GatherOnRead(dict):
+    """module._parameters of a module holding partitioned parameters, as DeepSpeed's
+    ZeROOrderedDict: reading one (module.weight) during another module's forward (a tied output
+    embedding read in the parent's forward) makes the innermost running module of the same
+    engine gather it and keep it as an external parameter. Reads by the owner's own forward, and
+    reads outside every forward (which see the empty, partitioned parameter), cost one check."""
+    __slots__ = ("owner",)
+
+    def __getitem__(self, key):
+        p = dict.__getitem__(self, key)
+        if _RUNNING and _RUNNING[-1] is not self.owner and p is not None:
+            core = getattr(p, "_zeroshard_core", None)
+            if core is not None and core.partitions_params:
+                for hooks in reversed(_RUNNING):
+                    if hooks.core is core:
+                        hooks.read(p._zeroshard_index)
+                        break
+        return p
+
+    # Copies and pickles of the module hold a plain dict (no engine comes with them).
+    def __reduce_ex__(self, protocol):
+        return dict, (dict(self),)
+
+    def __deepcopy__(self, memo):
+        return {k: copy.deepcopy(v, memo) for k, v in self.items()}
+
+
+def forget_running(core):
+    """After a forward that raised: its modules are no longer running."""
+    _RUNNING[:] = [h for h in _RUNNING if h.core is not core]
 
 
 class _PreBackward(torch.autograd.Function):
@@ -211,33 +323,46 @@ def _map_outputs(output, fn):
 
 
 def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
-    """Registers every module that uses partitioned parameters with the coordinator and hooks it.
-    Returns the hooks' handles and whether some module holds partitioned frozen parameters."""
+    """Registers every module that uses partitioned parameters with the coordinator and hooks every
+    module. Returns the hooks' handles and whether some module holds partitioned frozen
+    parameters."""
     index = {id(p): i for i, p in enumerate(params)}
     # Around everything else: the root's forward tells the coordinator whether this forward
     # builds a graph (a training iteration, ended by backward) or not (ended by the forward).
     handles = [module.register_forward_pre_hook(
         lambda m, args: core.begin_forward(torch.is_grad_enabled()), prepend=True)]
-    module_id, any_frozen = 0, False
+    ids, any_frozen = _ModuleIds(), False
     for m in module.modules():
         if isinstance(m, _CONTAINERS) and m is not module:
             continue  # never runs a forward: the module that holds it reads its parameters
-        ids = sorted({index[id(p)] for p in _used_parameters(m) if id(p) in index})
-        if not ids:
-            continue
-        core.register_module(module_id, ids)
-        # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
-        # kept for a module whose frozen parameters need _NodesRun.
-        starts = [] if core.holds_frozen(module_id) else None
-        any_frozen = any_frozen or starts is not None
-        handles.append(m.register_forward_pre_hook(_pre_forward(core, module_id, starts)))
+        hooks = _ModuleHooks(core, ids, policy)
+        m.__dict__[_HOOKS] = hooks
+        _watch_reads(m, hooks, index)
+        ids_used = sorted({index[id(p)] for p in _used_parameters(m) if id(p) in index})
+        if ids_used:
+            hooks.register(ids_used)
+            any_frozen = any_frozen or hooks.starts is not None
+        handles.append(m.register_forward_pre_hook(_pre_forward(hooks)))
         # always_call: a forward that ends in an exception still releases. Non-reentrant
         # checkpointing ends its recomputation that way as soon as it has what backward needs.
-        handles.append(m.register_forward_hook(_post_forward(core, module_id, starts, policy),
-                                               always_call=True))
-        module_id += 1
+        handles.append(m.register_forward_hook(_post_forward(hooks), always_call=True))
     handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
     return handles, any_frozen
+
+
+def _watch_reads(m, hooks, index):
+    """Gives m (and the parameter containers it holds) a _GatherOnRead, if it owns partitioned
+    parameters; reads through a container count as reads by m."""
+    containers = [m] + [c for c in m.children() if isinstance(c, _CONTAINERS)]
+    for owner in containers:
+        if isinstance(owner._parameters, _GatherOnRead) or not any(
+                id(p) in index for p in owner._parameters.values() if p is not None):
+            continue
+        watched = _GatherOnRead(owner._parameters)
+        watched.owner = hooks
+        owner._parameters = watched
+        if owner is not m:
+            _watch_reads(owner, hooks, index)  # nested containers
 
 
 # Parameter containers without a forward of their own.
@@ -254,16 +379,28 @@ def _used_parameters(m):
     return used + list(m.__dict__.get(_EXTERNAL, []))
 
 
-def _pre_forward(core, module_id, starts):
+def _pre_forward(hooks):
     def hook(module, args):
-        if starts is not None:
-            starts.append(_C.autograd_sequence_number())
-        core.fetch(module_id, False)
+        _RUNNING.append(hooks)
+        if hooks.module_id is None:
+            return
+        if hooks.starts is not None:
+            hooks.starts.append(_C.autograd_sequence_number())
+        hooks.core.fetch(hooks.module_id, False)
     return hook
 
 
-def _post_forward(core, module_id, starts, policy):
+def _post_forward(hooks):
+    core, policy = hooks.core, hooks.policy
+
     def hook(module, args, output):
+        if _RUNNING and _RUNNING[-1] is hooks:
+            _RUNNING.pop()
+        elif hooks in _RUNNING:  # an inner forward's hooks did not run (it raised first)
+            del _RUNNING[len(_RUNNING) - 1 - _RUNNING[::-1].index(hooks):]
+        module_id, starts = hooks.module_id, hooks.starts
+        if module_id is None:
+            return output
         end = _C.autograd_sequence_number()  # before _PreBackward adds its node
         start = starts.pop() if starts else None
         during_backward = torch._C._current_graph_task_id() != -1

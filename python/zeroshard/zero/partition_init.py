@@ -1,9 +1,92 @@
 """deepspeed.zero.Init: parameters are partitioned as their modules are constructed, so a model
 larger than one process's memory can be built. Each module's own parameters are whole only until
-its __init__ returns; then every rank keeps just its ZeRO-3 chunk (rank 0's values, broadcast)."""
+its __init__ returns; then every rank keeps just its ZeRO-3 chunk (rank 0's values, broadcast).
+Before initialize(), GatheredParameters gathers and re-partitions such parameters here; after it,
+the engine's coordinator owns them."""
+import itertools
+
 import torch
 
+from zeroshard import _C
+
 _SHAPE = "_zeroshard_full_shape"
+_COMM = "_zeroshard_init_comm"  # the communicator the parameter was partitioned over
+_ds_ids = itertools.count()     # DeepSpeed's ds_id: every rank builds in the same order
+
+
+def _keep_chunk(param, flat, comm):
+    """param.data becomes this rank's chunk of `flat` (its whole values, flattened)."""
+    chunk, held = _C.zero3_chunk(flat.numel(), comm.world_size, comm.rank)
+    begin = comm.rank * chunk
+    mine = flat.new_zeros(chunk)
+    mine[:held] = flat[begin:begin + held]
+    param.data = mine
+
+
+def partition_parameter(param: torch.nn.Parameter, comm, what: str, src: int = 0):
+    """Keeps this rank's chunk of `param` (runtime/shard's chunk: ceil(numel / world) elements,
+    zero-padded). `comm`: a zeroshard communicator; `what` names the parameter in its errors."""
+    if hasattr(param, _SHAPE):
+        return
+    shape = tuple(param.shape)
+    with torch.no_grad():
+        flat = param.data.reshape(-1)
+        if comm.world_size > 1:
+            comm.broadcast(flat, src, what)  # every rank partitions rank 0's values
+        _keep_chunk(param, flat, comm)
+    setattr(param, _SHAPE, shape)
+    setattr(param, _COMM, comm)
+    # DeepSpeed's names for the whole shape and size, which scripts (Hugging Face's loader, peft)
+    # read while the parameter holds only a chunk; the engine renumbers ds_id at initialize().
+    param.ds_shape, param.ds_numel, param.ds_id = torch.Size(shape), flat.numel(), next(_ds_ids)
+
+
+def full_shape(param):
+    return getattr(param, _SHAPE, None)
+
+
+def partitioned_before_engine(param) -> bool:
+    """Partitioned by zero.Init and not yet handed to an engine (whose coordinator owns it then)."""
+    return hasattr(param, _COMM) and getattr(param, "_zeroshard_core", None) is None
+
+
+def gather_before_engine(params):
+    """GatheredParameters before initialize(): each parameter takes its whole values (one
+    all-gather each, on the communicator that partitioned it). Returns the chunks, for
+    repartition_before_engine."""
+    chunks = []
+    with torch.no_grad():
+        for p in params:
+            comm, chunk = getattr(p, _COMM), p.data
+            full = chunk.new_empty(chunk.numel() * comm.world_size)
+            if comm.world_size > 1:
+                comm.all_gather(full, chunk, f"GatheredParameters: ds_id {p.ds_id} {tuple(p.ds_shape)}")
+            else:
+                full.copy_(chunk)
+            p.data = full[:p.ds_numel].view(p.ds_shape)
+            chunks.append(chunk)
+    return chunks
+
+
+def repartition_before_engine(params, chunks, modifier_rank):
+    """The end of such a block: without a modifier rank each parameter gets its chunk back and
+    edits are discarded (as in DeepSpeed); with one, that rank's whole values are broadcast and
+    every rank keeps its chunk of them."""
+    with torch.no_grad():
+        for p, chunk in zip(params, chunks):
+            if modifier_rank is None:
+                p.data = chunk
+                continue
+            if tuple(p.shape) != tuple(p.ds_shape):
+                raise ValueError(f"GatheredParameters(modifier_rank={modifier_rank}): parameter "
+                                 f"ds_id {p.ds_id} was given shape {tuple(p.shape)} inside the "
+                                 f"block; expected its shape {tuple(p.ds_shape)}")
+            comm = getattr(p, _COMM)
+            flat = p.data.to(chunk.dtype).reshape(-1).contiguous()
+            if comm.world_size > 1:
+                comm.broadcast(flat, modifier_rank,
+                               f"GatheredParameters: ds_id {p.ds_id} from rank {modifier_rank}")
+            _keep_chunk(p, flat, comm)
 
 
 def _all_subclasses(cls):
@@ -12,27 +95,16 @@ def _all_subclasses(cls):
         yield from _all_subclasses(sub)
 
 
-def partition_parameter(param: torch.nn.Parameter, comm, what: str, src: int = 0):
-    """Keeps this rank's chunk of `param` (ceil(numel / world) elements, zero-padded). `comm`: a
-    zeroshard communicator; `what` names the parameter in its errors."""
-    if hasattr(param, _SHAPE):
-        return
-    shape = tuple(param.shape)
-    rank, world = comm.rank, comm.world_size
-    with torch.no_grad():
-        flat = param.data.reshape(-1)
-        if world > 1:
-            comm.broadcast(flat, src, what)  # every rank partitions rank 0's values
-        chunk = (flat.numel() + world - 1) // world
-        mine = flat.new_zeros(chunk)
-        held = max(0, min(chunk, flat.numel() - rank * chunk))
-        mine[:held] = flat[rank * chunk:rank * chunk + held]
-        param.data = mine
-    setattr(param, _SHAPE, shape)
-
-
-def full_shape(param):
-    return getattr(param, _SHAPE, None)
+def _config_dtype(config):
+    """The model dtype a ds_config asks for (DeepSpeed's zero.Init takes it from there when no
+    dtype is given); refuses parameter offload, which zeroshard does not implement yet."""
+    from zeroshard.config import load_config
+    settings = _C.engine_settings(load_config(config=config))
+    if settings["offload_param"] != "none":
+        raise ValueError("zero.Init: zero_optimization.offload_param.device is "
+                         f"\"{settings['offload_param']}\"; parameter offload is not implemented "
+                         "yet, expected \"none\"")
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[settings["precision"]]
 
 
 class Init:
@@ -43,11 +115,28 @@ class Init:
                  enabled=True, dtype=None, mpu=None, zero_param_parallel_group=None,
                  zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
                  sequence_data_parallel_group=None, param_swapper=None):
+        # mem_efficient_linear needs nothing: a released parameter's memory is freed in place
+        # and gathered again for backward, so linear's saved weight holds no copy between them.
+        # pin_memory applies to host-resident partitions, which are host memory here anyway.
         if remote_device not in (None, "none", "cuda", "cpu"):
-            raise ValueError(f"zero.Init(remote_device={remote_device!r}): only None, 'cpu' or "
-                             "'cuda' is supported (NVMe offload is not implemented yet)")
+            raise ValueError(f"zero.Init(remote_device={remote_device!r}): expected None, 'cpu' or "
+                             "'cuda' (NVMe offload is not implemented yet)")
+        if remote_device == "cpu" and torch.cuda.is_available():
+            raise ValueError("zero.Init(remote_device='cpu'): keeping partitions in host memory "
+                             "on a CUDA machine is parameter offload, not implemented yet; expected "
+                             "None or 'cuda'")
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError("zero.Init: ZeRO++ quantized weights are not supported by zeroshard")
+        for name, value in (("zero_param_parallel_group", zero_param_parallel_group),
+                            ("sequence_data_parallel_group", sequence_data_parallel_group),
+                            ("param_swapper", param_swapper)):
+            if value is not None:
+                raise ValueError(f"zero.Init({name}=...): not supported by zeroshard; expected None")
+        config = config_dict_or_path if config_dict_or_path is not None else config
+        if dtype is None and config is not None and enabled:
+            dtype = _config_dtype(config)
+        if data_parallel_group is None and mpu is not None:
+            data_parallel_group = mpu.get_data_parallel_group()
         self.enabled = enabled
         self.dtype = dtype
         self.group = data_parallel_group

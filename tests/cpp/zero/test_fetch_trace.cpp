@@ -64,3 +64,30 @@ TEST_CASE("an abandoned iteration records again while recording and keeps a foll
   REQUIRE(t.end_iteration());
   REQUIRE(t.modules() == std::vector<int64_t>{0, 2});
 }
+
+TEST_CASE("a module that joins mid-iteration restarts the recording without a warning") {
+  FetchTrace t;
+  for (int64_t m : {0, 1}) t.on_fetch(m);
+  t.end_iteration();                   // following {0, 1}
+  REQUIRE(t.on_fetch(0));
+  t.restart_recording(true);           // module 2 registered while this iteration runs
+  REQUIRE(t.on_fetch(1));
+  REQUIRE(t.end_iteration());          // dropped, not a change
+  REQUIRE(t.invalidations() == 0);
+  REQUIRE(t.mode() == FetchTrace::Mode::record);
+  for (int64_t m : {2, 0, 1}) REQUIRE(t.on_fetch(m));
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.mode() == FetchTrace::Mode::follow);
+  REQUIRE(t.modules() == std::vector<int64_t>{2, 0, 1});
+}
+
+TEST_CASE("a restart between iterations records the next one") {
+  FetchTrace t;
+  for (int64_t m : {0, 1}) t.on_fetch(m);
+  t.end_iteration();
+  t.restart_recording(false);          // an evaluation trace while training ran
+  for (int64_t m : {1, 0}) REQUIRE(t.on_fetch(m));
+  REQUIRE(t.end_iteration());
+  REQUIRE(t.modules() == std::vector<int64_t>{1, 0});
+  REQUIRE(t.invalidations() == 0);
+}
