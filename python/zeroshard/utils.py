@@ -8,6 +8,12 @@ import torch
 
 def _owner(param):
     core = getattr(param, "_zeroshard_core", None)
+    if core is None and hasattr(param, "ds_shape"):
+        # Partitioned by zero.Init: only a chunk exists until an engine takes it.
+        raise ValueError(f"zeroshard.utils: parameter ds_id {param.ds_id} (shape "
+                         f"{tuple(param.ds_shape)}) was partitioned by zero.Init and no engine "
+                         "holds it yet; call zeroshard.initialize() first, or read it inside "
+                         "zeroshard.zero.GatheredParameters")
     return (core, param._zeroshard_index) if core is not None else (None, None)
 
 
