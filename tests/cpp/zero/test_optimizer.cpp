@@ -1,0 +1,169 @@
+// The ZeRO optimizer (zero/optimizer.cpp) with its reducers and, at stage 3, its parameter
+// coordinator, in one process: ranks as threads of the in-process world, stages 0-3, world 1-4,
+// gradient accumulation 1 and 2, against AdamW written out on whole tensors.
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/config/config.h"
+#include "runtime/error.h"
+#include "runtime/in_process_world.h"
+#include "zero/optimizer.h"
+
+using namespace zeroshard;
+
+namespace {
+
+const std::vector<std::vector<int64_t>> kShapes = {{5, 3}, {7}, {4, 4}, {1}};
+constexpr double kLr = 0.01, kDecay = 0.1, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
+constexpr int kSteps = 3;
+
+at::Tensor initial(size_t i) {
+  const int64_t n = c10::multiply_integers(kShapes[i]);
+  return at::linspace(-1.0, 1.0, n, at::kFloat).mul_(double(i + 1)).view(kShapes[i]);
+}
+
+// Rank `rank`'s gradient of tensor i at micro-step `micro` of step `step`.
+at::Tensor gradient(size_t i, int rank, int step, int micro) {
+  const int64_t n = c10::multiply_integers(kShapes[i]);
+  return at::sin(at::arange(n, at::kFloat).mul_(double(i + 1)).add_(0.3 * rank + step + 0.1 * micro))
+      .view(kShapes[i]);
+}
+
+Config config(int stage) {
+  const std::string json = std::string("{\"train_micro_batch_size_per_gpu\": 1, ") +
+      "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}, "
+      "\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+      ", \"reduce_bucket_size\": 20, \"stage3_param_persistence_threshold\": 0}}";
+  return parse_config(json, "<test_optimizer>");
+}
+
+// What the engine's gradient hook does: stages 0/1 accumulate in the flat buffer's view (a fresh
+// gradient after the step is copied in), stages 2/3 hand every gradient over.
+void hand_over(ZeroOptimizer& opt, size_t i, const at::Tensor& grad, bool first_micro) {
+  if (opt.keeps_full_grads() && !first_micro) {
+    opt.grad_views()[0][i].add_(grad);
+    opt.grad_ready(int64_t(i), at::Tensor());
+  } else {
+    opt.grad_ready(int64_t(i), grad);
+  }
+}
+
+// One rank's run; returns every tensor's whole fp32 master value after the steps, and at stage 3
+// the values the coordinator gathers into the parameters.
+std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm> comm) {
+  const Config cfg = config(stage);
+  std::vector<at::Tensor> values;
+  for (size_t i = 0; i < kShapes.size(); ++i) values.push_back(initial(i));
+  ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
+  std::vector<at::Tensor> params;
+  if (opt.partitions_params()) {
+    for (const auto& v : values) params.push_back(v.clone());
+    opt.coordinator().attach(params);
+  }
+  GroupHyper h;
+  h.lr = kLr, h.weight_decay = kDecay, h.beta1 = kBeta1, h.beta2 = kBeta2, h.eps = kEps;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int micro = 0; micro < gas; ++micro) {
+      const bool boundary = micro == gas - 1;
+      opt.before_backward(boundary);
+      for (size_t i = kShapes.size(); i-- > 0;) {  // backward order
+        hand_over(opt, i, gradient(i, rank, step, micro), micro == 0);
+      }
+      opt.after_backward(boundary);
+    }
+    REQUIRE(opt.step({h}).applied);
+  }
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_value(int64_t(i), "fp32_param"));
+  if (opt.partitions_params()) {
+    std::vector<int64_t> all = {0, 1, 2, 3};
+    opt.coordinator().fetch_params(all);
+    for (const auto& p : params) out.push_back(p.clone());
+    opt.coordinator().release_params(all);
+  }
+  return out;
+}
+
+// torch.optim.AdamW on whole tensors with the mean over ranks of each step's summed micro-steps.
+std::vector<at::Tensor> reference(int world, int gas) {
+  std::vector<at::Tensor> p, m, v;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    p.push_back(initial(i).to(at::kDouble));
+    m.push_back(at::zeros_like(p.back()));
+    v.push_back(at::zeros_like(p.back()));
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    const double t = step + 1;
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      at::Tensor g = at::zeros_like(p[i]);
+      for (int r = 0; r < world; ++r) {
+        for (int micro = 0; micro < gas; ++micro) g += gradient(i, r, step, micro).to(at::kDouble);
+      }
+      g /= world;
+      p[i].mul_(1 - kLr * kDecay);
+      m[i].mul_(kBeta1).add_(g, 1 - kBeta1);
+      v[i].mul_(kBeta2).add_(g * g, 1 - kBeta2);
+      const at::Tensor denom = (v[i] / (1 - std::pow(kBeta2, t))).sqrt_().add_(kEps);
+      p[i].sub_(m[i] / (1 - std::pow(kBeta1, t)) / denom * kLr);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the ZeRO step at stages 0-3 matches AdamW on the mean gradient at world 1-4") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int gas = 1; gas <= 2; ++gas) {
+      for (int world = 1; world <= 4; ++world) {
+        CAPTURE(stage, gas, world);
+        const auto want = reference(world, gas);
+        auto got = run_in_process_world<std::vector<at::Tensor>>(
+            world, [&](int rank, std::shared_ptr<Comm> comm) { return train(stage, gas, rank, comm); });
+        for (int rank = 0; rank < world; ++rank) {
+          CAPTURE(rank);
+          const auto& mine = got[size_t(rank)];
+          REQUIRE(mine.size() == (stage == 3 ? 2 : 1) * kShapes.size());
+          for (size_t k = 0; k < mine.size(); ++k) {
+            const at::Tensor& w = want[k % kShapes.size()];
+            CAPTURE(k);
+            REQUIRE(mine[k].sizes() == w.sizes());
+            const double err = (mine[k].to(at::kDouble) - w).abs().max().item<double>();
+            REQUIRE(err <= 1e-5 * w.abs().max().item<double>());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stages 2 and 3 refuse a second gradient for one parameter in one backward") {
+  for (int stage = 2; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    auto got = run_in_process_world<std::string>(2, [&](int rank, std::shared_ptr<Comm> comm) {
+      const Config cfg = config(stage);
+      std::vector<at::Tensor> values;
+      for (size_t i = 0; i < kShapes.size(); ++i) values.push_back(initial(i));
+      ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
+      opt.before_backward(true);
+      opt.grad_ready(0, gradient(0, rank, 0, 0));
+      std::string message;
+      try {
+        opt.grad_ready(0, gradient(0, rank, 0, 1));  // reentrant checkpointing's second pass
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      opt.abort_backward();
+      return message;
+    });
+    for (const auto& message : got) {
+      REQUIRE_THAT(message, Catch::Contains("gradient of parameter 0 arrived twice in one backward") &&
+                                Catch::Contains("use_reentrant=False"));
+    }
+  }
+}
