@@ -107,7 +107,7 @@ class InProcessBackend : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     at::Tensor t = single(tensors, "allreduce");
     const bool max = opts.reduceOp == c10d::ReduceOp::MAX;
-    ZS_CHECK(max || opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: allreduce supports SUM and MAX");
+    ZS_REQUIRE(max || opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: allreduce supports SUM and MAX");
     return deposit(t, [t, max](const std::vector<at::Tensor>& in) {
       at::Tensor acc = in[0].clone();
       for (size_t r = 1; r < in.size(); ++r) max ? acc = at::maximum(acc, in[r]) : acc.add_(in[r]);
@@ -133,7 +133,7 @@ class InProcessBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    ZS_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: reduce_scatter supports SUM");
+    ZS_REQUIRE(opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: reduce_scatter supports SUM");
     at::Tensor out = output;
     const int64_t rank = getRank();
     return deposit(input, [out, rank](const std::vector<at::Tensor>& in) {
@@ -165,7 +165,7 @@ class InProcessBackend : public c10d::Backend {
 
  private:
   static at::Tensor single(const std::vector<at::Tensor>& tensors, const char* op) {
-    ZS_CHECK(tensors.size() == 1 && !tensors[0].is_cuda(), "in-process world: ", op,
+    ZS_REQUIRE(tensors.size() == 1 && !tensors[0].is_cuda(), "in-process world: ", op,
              " takes one CPU tensor");
     return tensors[0];
   }
@@ -191,7 +191,7 @@ class InProcessBackend : public c10d::Backend {
 
 std::vector<std::shared_ptr<Comm>> make_in_process_world(int world_size,
                                                          std::chrono::milliseconds timeout) {
-  ZS_CHECK(world_size >= 1, "in-process world: world_size must be at least 1, got ", world_size);
+  ZS_REQUIRE(world_size >= 1, "in-process world: world_size must be at least 1, got ", world_size);
   auto shared = std::make_shared<Shared>(world_size);
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::shared_ptr<Comm>> comms;

@@ -8,8 +8,10 @@
 namespace zeroshard {
 
 BucketPlan plan_buckets(const std::vector<const FlatLayout*>& layouts, int64_t bucket_numel) {
-  ZS_CHECK(bucket_numel > 0, "zero_optimization.reduce_bucket_size: got ", bucket_numel,
-           ", expected a positive number of elements");
+  if (bucket_numel <= 0) {
+    throw ConfigError(detail::cat("zero_optimization.reduce_bucket_size: got ", bucket_numel,
+                                  ", expected a positive number of elements"));
+  }
   BucketPlan plan;
   int64_t base = 0;
   for (size_t g = 0; g < layouts.size(); ++g) {

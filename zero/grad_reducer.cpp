@@ -64,7 +64,7 @@ GradReducer::~GradReducer() { memory_.release(MemoryCategory::comm_buffers, acco
 
 void GradReducer::adopt(int64_t index, const at::Tensor& grad) {
   at::Tensor& view = views_[size_t(index)];
-  ZS_CHECK(grad.numel() == view.numel(), "gradient of parameter ", index, " has ", grad.numel(),
+  ZS_REQUIRE(grad.numel() == view.numel(), "gradient of parameter ", index, " has ", grad.numel(),
            " elements, expected ", view.numel());
   if (grad.data_ptr() == view.data_ptr()) {  // already in place (a script re-set param.grad)
     written_[size_t(index)] = 1;

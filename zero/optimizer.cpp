@@ -62,7 +62,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
       scaler_(scaler_options(config.fp16)),
       kind_(optimizer_kind(optimizer.type)) {
   ZS_CHECK(comm_, "ZeroOptimizer: no communicator");
-  ZS_CHECK(!groups.empty(), "ZeroOptimizer: no parameter groups with trainable parameters");
+  ZS_REQUIRE(!groups.empty(), "ZeroOptimizer: no parameter groups with trainable parameters");
   GroupSpec spec;
   spec.model_dtype = model_dtype;
   spec.world_size = comm_->world_size();

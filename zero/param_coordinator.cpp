@@ -4,9 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace zeroshard {
 namespace {
@@ -102,9 +102,8 @@ void ParamCoordinator::check_module(int64_t module_id) const {
 void ParamCoordinator::fetch(int64_t module_id, bool for_backward) {
   check_module(module_id);
   if (!trace().on_fetch(module_id)) {
-    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order changed (module %lld "
-                 "was not next); prefetching stops and the order is recorded again\n",
-                 comm_->rank(), static_cast<long long>(module_id));
+    warn(detail::cat("rank ", comm_->rank(), ": ZeRO-3 module order changed (module ", module_id,
+                     " was not next); prefetching stops and the order is recorded again"));
   }
   Module& m = modules_[size_t(module_id)];
   fetch_params(m.params);
@@ -380,8 +379,8 @@ void ParamCoordinator::end_forward() {
   if (!inference_) return;
   drop_unreferenced();
   if (!eval_trace_.end_iteration()) {
-    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order of a forward without "
-                 "gradients differed from the recorded one; recording it again\n", comm_->rank());
+    warn(detail::cat("rank ", comm_->rank(), ": ZeRO-3 module order of a forward without gradients "
+                     "differed from the recorded one; recording it again"));
   }
   inference_ = false;
 }
@@ -389,8 +388,8 @@ void ParamCoordinator::end_forward() {
 void ParamCoordinator::release_all() {
   release_gathered();
   if (!train_trace_.end_iteration()) {
-    std::fprintf(stderr, "[zeroshard] warning: rank %d: ZeRO-3 module order differed from the "
-                 "recorded one this iteration; recording it again\n", comm_->rank());
+    warn(detail::cat("rank ", comm_->rank(), ": ZeRO-3 module order differed from the recorded one "
+                     "this iteration; recording it again"));
   }
 }
 

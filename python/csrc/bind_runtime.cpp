@@ -3,10 +3,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdio>
 #include <optional>
 
 #include "python/csrc/bindings.h"
 #include "runtime/comm.h"
+#include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/shard.h"
 
@@ -112,6 +114,21 @@ void bind_runtime(py::module_& m) {
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>());
 
+  // runtime/log.h's warnings go to zeroshard.log.runtime_warning, kept for the life of the
+  // process: the C++ side may warn from any thread, until Python finalizes.
+  auto* sink = new py::object(py::module_::import("zeroshard.log").attr("runtime_warning"));
+  set_warning_sink([sink](const std::string& message) {
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+      std::fprintf(stderr, "[zeroshard] warning: %s\n", message.c_str());
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      (*sink)(message);
+    } catch (const py::error_already_set& e) {
+      std::fprintf(stderr, "[zeroshard] warning: %s (the logger failed: %s)\n", message.c_str(), e.what());
+    }
+  });
   // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
   // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
   m.def("zero3_chunk", [](int64_t numel, int64_t world_size, int64_t rank) {

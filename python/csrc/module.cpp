@@ -1,5 +1,6 @@
-// zeroshard._C: the private extension module. Exceptions map to Python as ConfigError(ValueError)
-// for bad user input and CommError/RuntimeError for failures.
+// zeroshard._C: the private extension module. runtime/error.h's family maps to Python as
+// UsageError and ConfigError (ValueError) for bad input, Error, CommError and InternalError
+// (RuntimeError) for failures.
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/csrc/bindings.h"
@@ -8,9 +9,11 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zeroshard C++ runtime (private; use the zeroshard package)";
   // Translators are tried newest first, so the base class is registered before its subclasses.
-  pybind11::register_exception<zeroshard::Error>(m, "Error", PyExc_RuntimeError);
-  pybind11::register_exception<zeroshard::CommError>(m, "CommError", PyExc_RuntimeError);
-  pybind11::register_exception<zeroshard::ConfigError>(m, "ConfigError", PyExc_ValueError);
+  auto& error = pybind11::register_exception<zeroshard::Error>(m, "Error", PyExc_RuntimeError);
+  pybind11::register_exception<zeroshard::CommError>(m, "CommError", error.ptr());
+  pybind11::register_exception<zeroshard::InternalError>(m, "InternalError", error.ptr());
+  auto& usage = pybind11::register_exception<zeroshard::UsageError>(m, "UsageError", PyExc_ValueError);
+  pybind11::register_exception<zeroshard::ConfigError>(m, "ConfigError", usage.ptr());
   zeroshard::python::bind_runtime(m);
   zeroshard::python::bind_config(m);
   zeroshard::python::bind_zero(m);

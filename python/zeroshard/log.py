@@ -16,6 +16,11 @@ def all_ranks_log() -> bool:
     return os.environ.get("ZEROSHARD_LOG_ALL_RANKS", "0") not in ("", "0", "false", "False")
 
 
+def runtime_warning(message: str) -> None:
+    """The C++ runtime's warnings (runtime/log.h), which name their rank themselves."""
+    logger.warning(f"warning: {message}")
+
+
 def log_rank0(msg: str, rank: int) -> None:
     if rank == 0 or all_ranks_log():
         logger.info(msg if rank == 0 and not all_ranks_log() else f"[rank {rank}] {msg}")

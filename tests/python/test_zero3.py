@@ -356,7 +356,12 @@ class Switchable(nn.Module):
 
 
 def order_change_worker():
+    import logging
     rank = int(os.environ["RANK"])
+    warnings = []
+    # The C++ runtime's warnings reach zeroshard's logger (runtime/log.h), not stderr directly.
+    logging.getLogger("zeroshard").addHandler(logging.Handler())
+    logging.getLogger("zeroshard").handlers[-1].emit = lambda record: warnings.append(record)
     model = Switchable()
     engine, reference, ref_opt = _with_reference(model)
     g = torch.Generator().manual_seed(3)
@@ -375,6 +380,8 @@ def order_change_worker():
                 p.grad = torch.zeros_like(p)
         ref_opt.step()
     assert engine._core.trace_invalidations >= 1
+    assert any(r.levelname == "WARNING" and f"rank {rank}: ZeRO-3 module order changed" in r.getMessage()
+               for r in warnings)
     from zeroshard.zero import GatheredParameters
     with GatheredParameters(list(model.parameters())):
         for a, b in zip(model.parameters(), reference.parameters()):
