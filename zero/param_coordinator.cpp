@@ -255,41 +255,47 @@ bool ParamCoordinator::holds_frozen(int64_t module_id) const {
   return modules_[size_t(module_id)].holds_frozen;
 }
 
-bool ParamCoordinator::join(int64_t module_id, int64_t param_index) {
+int64_t ParamCoordinator::join(int64_t module_id, int64_t param_index, bool running) {
   ZS_CHECK(param_index >= 0 && size_t(param_index) < params_.size(), "ParamCoordinator: parameter ",
            param_index, " is outside 0..", params_.size() - 1);
-  const bool joins = size_t(module_id) >= modules_.size() || modules_[size_t(module_id)].params.empty();
-  if (!joins) {
-    const auto& known = modules_[size_t(module_id)].params;
-    if (std::find(known.begin(), known.end(), param_index) != known.end()) return false;
-  }
-  register_module(module_id, {param_index});
+  const int64_t id = module_id >= 0 ? module_id : int64_t(modules_.size());
+  const bool joins = size_t(id) >= modules_.size() || modules_[size_t(id)].params.empty();
+  register_module(id, {param_index});
   if (joins) {
-    // The recorded orders lack the module; an iteration under way is recorded again too.
-    train_trace_.restart_recording(true);
-    eval_trace_.restart_recording(true);
+    // The recorded orders lack the module; one under way is recorded again from its next iteration.
+    train_trace_.restart_recording(running && !inference_);
+    eval_trace_.restart_recording(running && inference_);
   }
-  return true;
+  return id;
 }
 
-bool ParamCoordinator::read_in_forward(int64_t module_id, int64_t param_index) {
+bool ParamCoordinator::member(int64_t module_id, int64_t param_index) const {
+  if (module_id < 0 || size_t(module_id) >= modules_.size()) return false;
+  const auto& ps = modules_[size_t(module_id)].params;
+  return std::find(ps.begin(), ps.end(), param_index) != ps.end();
+}
+
+int64_t ParamCoordinator::read_in_forward(int64_t module_id, int64_t param_index) {
   const Param& p = params_.at(size_t(param_index));
-  const bool held = p.persistent || std::any_of(p.modules.begin(), p.modules.end(), [&](int64_t m) {
-                      return modules_[size_t(m)].forward_fetches > 0;
-                    });
-  return !held && add_external(module_id, param_index, true);
+  const bool whole = p.persistent || p.gathered || p.in_flight >= 0;
+  const bool held = std::any_of(p.modules.begin(), p.modules.end(), [&](int64_t m) {
+    return modules_[size_t(m)].forward_fetches > 0;
+  });
+  if (whole && (held || p.persistent)) return -1;
+  const bool known = member(module_id, param_index);
+  const int64_t id = known ? module_id : join(module_id, param_index, true);
+  Module& m = modules_[size_t(id)];
+  // A module that joined during its own forward never fetched: count that forward as begun.
+  if (m.forward_fetches == 0) m.forward_fetches = 1;
+  // One reference per forward of it under way (a module may call itself): each one's end
+  // releases the module's parameters once. A member that is not whole was dropped by an inner
+  // call's end while an outer one still runs.
+  for (int64_t k = 0; k < m.forward_fetches; ++k) fetch_params({param_index});
+  return known ? -1 : id;
 }
 
-bool ParamCoordinator::add_external(int64_t module_id, int64_t param_index, bool running) {
-  if (!join(module_id, param_index)) return false;
-  if (running) {
-    Module& m = modules_[size_t(module_id)];
-    // A module that joined during its own forward never fetched: count that forward as begun, so
-    // that its end (release) and abandon_forward release what is gathered here, once.
-    if (m.forward_fetches == 0) m.forward_fetches = 1;
-    fetch_params({param_index});
-  }
-  return true;
+int64_t ParamCoordinator::add_external(int64_t module_id, int64_t param_index) {
+  return member(module_id, param_index) ? -1 : join(module_id, param_index, false);
 }
 
 void ParamCoordinator::maybe_release_after_backward(int64_t mid) {

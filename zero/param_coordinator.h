@@ -67,14 +67,16 @@ class ParamCoordinator {
   // Whether the module holds partitioned frozen parameters (only those need the report above).
   bool holds_frozen(int64_t module_id) const;
   // Parameters used outside their own module's forward (DeepSpeed gathers them the same way).
-  // A read of a parameter in module_id's forward, which is under way: nothing happens when some
-  // module whose forward is running holds it (its own module, an enclosing one) or it is
-  // persistent; otherwise module_id takes it as an external parameter, gathered now and from then
-  // on with module_id, in forward and backward. Returns whether it did.
-  bool read_in_forward(int64_t module_id, int64_t param_index);
-  // register_external_parameter: the parameter joins the module's (false if it had it). running:
-  // the module's forward is under way, and the parameter is gathered now and released at its end.
-  bool add_external(int64_t module_id, int64_t param_index, bool running);
+  // A read of a parameter in module_id's forward, which is under way (module_id -1: a module not
+  // registered yet): nothing happens when it is whole and some module whose forward is running
+  // holds it (its own module, an enclosing one), or it is persistent; otherwise module_id takes
+  // it as an external parameter, gathered now and from then on with module_id, in forward and
+  // backward. Returns the id of a module that joined the coordinator or took the parameter, -1
+  // when none did.
+  int64_t read_in_forward(int64_t module_id, int64_t param_index);
+  // register_external_parameter outside the module's forward: gathered with it from its next
+  // forward. Returns the module's id (a new one for -1) when the parameter joined it, else -1.
+  int64_t add_external(int64_t module_id, int64_t param_index);
   // GatheredParameters: the same refcounted gather and release for a list of parameters, and
   // taking a gathered parameter's (edited) full values back into this rank's chunks; with a
   // modifier_rank (>= 0), that rank's values, broadcast, are what every rank keeps.
@@ -114,9 +116,11 @@ class ParamCoordinator {
   void release_gathered();
   // Finishes prefetches and drops what nothing references (end_forward, abandon_forward).
   void drop_unreferenced();
-  // Adds the parameter to the module's (a module new to the coordinator joins the fetch order,
-  // which is then recorded again); false when the module has it already.
-  bool join(int64_t module_id, int64_t param_index);
+  // Adds the parameter to the module's (-1: a new module, given the next id), which it returns. A
+  // module new to the coordinator joins the fetch order, which is then recorded again (running:
+  // the iteration under way is dropped too).
+  int64_t join(int64_t module_id, int64_t param_index, bool running);
+  bool member(int64_t module_id, int64_t param_index) const;
   struct Param {
     int64_t group = 0, index = 0;   // position in its FlatGroup
     int64_t numel = 0;

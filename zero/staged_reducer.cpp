@@ -72,10 +72,11 @@ void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
   if (arrived_[size_t(index)]) {
     throw Error(detail::cat(
         "gradient of parameter ", index, " arrived twice in one backward: ZeRO stages 2 and 3 ",
-        "reduce each gradient once per backward, and a parameter used both inside a reentrant ",
+        "reduce each gradient once per backward, and a parameter used inside a reentrant ",
         "activation-checkpointing region (torch.utils.checkpoint with use_reentrant=True) and ",
-        "outside it gets one gradient from each of the two autograd passes (DeepSpeed has the ",
-        "same limit); use use_reentrant=False, checkpoint every use of it, or ZeRO stage 0 or 1"));
+        "outside it, or in two such regions (layers shared across blocks), gets one gradient from ",
+        "each autograd pass (DeepSpeed has the same limit); use use_reentrant=False, put every use ",
+        "of it in one region, or ZeRO stage 0 or 1"));
   }
   arrived_[size_t(index)] = true;
   const auto [first, count] = param_buckets_[size_t(index)];

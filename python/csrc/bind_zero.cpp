@@ -160,11 +160,8 @@ void bind_zero(py::module_& m) {
            [](ZeroOptimizer& o, int64_t id, int64_t i) { return o.coordinator().read_in_forward(id, i); },
            py::arg("module_id"), py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
       .def("add_external",
-           [](ZeroOptimizer& o, int64_t id, int64_t i, bool running) {
-             return o.coordinator().add_external(id, i, running);
-           },
-           py::arg("module_id"), py::arg("param_index"), py::arg("running"),
-           py::call_guard<py::gil_scoped_release>())
+           [](ZeroOptimizer& o, int64_t id, int64_t i) { return o.coordinator().add_external(id, i); },
+           py::arg("module_id"), py::arg("param_index"))
       .def("fetch_params",
            [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().fetch_params(ids); },
            py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())

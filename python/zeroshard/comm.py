@@ -74,6 +74,19 @@ def new_comm(group=None):
     return _C.Comm(group, timeout_seconds(), debug_collectives=False)
 
 
+_shared = {}
+
+
+def shared_comm():
+    """One communicator over the world for the script-facing helpers' own collectives
+    (GatheredParameters on tensors no engine holds), built on first use in this world. Every
+    rank reaches it at the same point, so the communicators' numbering stays aligned."""
+    world = dist.group.WORLD
+    if _shared.get("group") is not world:
+        _shared.update(group=world, comm=new_comm())
+    return _shared["comm"]
+
+
 def device() -> torch.device:
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

@@ -216,17 +216,22 @@ class ZeroShardEngine(torch.nn.Module):
             self._grad_views = [v for vs in self._core.grad_views() for v in vs]
         else:
             self._grad_views = [None] * len(self._params)
+        names = {id(p): n for n, p in self.module.named_parameters()}
         for i, (p, g) in enumerate(zip(self._params, self._grad_views)):
             p.grad = None  # stages 0/1: the first backward moves it into its flat-buffer view
-            p.register_post_accumulate_grad_hook(self._make_hook(i, g))
+            p.register_post_accumulate_grad_hook(self._make_hook(i, g, names.get(id(p), f"#{i}")))
 
-    def _make_hook(self, index, view):
+    def _make_hook(self, index, view, name):
         core = self._core
         if view is None:
             # Sharded gradients: every backward hands each gradient to C++, which stages and
             # reduces it; the full-size gradient is dropped at once.
             def hand_over(param):
-                core.grad_ready(index, param.grad)
+                try:
+                    core.grad_ready(index, param.grad)
+                except _C.Error as error:
+                    error.add_note(f"[zeroshard] parameter {index} is {name}")
+                    raise
                 param.grad = None
             return hand_over
 
@@ -480,6 +485,7 @@ class ZeroShardEngine(torch.nn.Module):
                                  "was not built (initialize() did not finish)")
         try:
             return getattr(module, name)
-        except AttributeError:
+        except AttributeError as error:
+            # Chained: a property of the module that raised AttributeError itself shows there.
             raise AttributeError(f"'{type(self).__name__}' has no attribute {name!r}, nor has the "
-                                 f"{type(module).__name__} it wraps") from None
+                                 f"{type(module).__name__} it wraps") from error

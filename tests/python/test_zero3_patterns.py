@@ -214,9 +214,65 @@ def hf_pattern_worker(precision):
                    batch_fn=lambda step, world: global_batch("gpt", step, 2 * world))
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_hugging_face_init_and_load_under_zero_init_trains_like_the_reference(precision):
-    run_distributed(hf_pattern_worker, 2, precision, timeout=240)
+def test_hugging_face_init_and_load_under_zero_init_trains_like_the_reference(precision, world):
+    run_distributed(hf_pattern_worker, world, precision, timeout=240)
+
+
+def nested_blocks_worker():
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank, world = _rank_world()
+    with zeroshard.zero.Init():
+        torch.manual_seed(0)
+        model = TiedHead()
+    w = model.mix.weight
+    shape = w.ds_shape
+    # Listed twice (tied weights are), and a block inside a block: gathered once, partitioned
+    # again when the outer block closes; the inner block's modifier rank is broadcast at once.
+    with GatheredParameters([w, w, model.mix.bias, None], modifier_rank=0):
+        assert w.shape == shape
+        with GatheredParameters([w], modifier_rank=1):
+            with torch.no_grad():
+                w.fill_(float(rank))
+        assert w.shape == shape and torch.all(w == 1.0)  # rank 1's edit, still whole
+        if rank == 0:
+            with torch.no_grad():
+                w.mul_(3.0)
+    assert w.numel() == (shape.numel() + world - 1) // world
+    with GatheredParameters(w):
+        assert torch.all(w == 3.0)
+
+
+def test_duplicate_and_nested_blocks_before_initialize_gather_once():
+    """The review found a parameter listed twice all-gathered again while whole (a Gloo size
+    error), and a nested block re-partitioning under the outer one."""
+    run_distributed(nested_blocks_worker, 2)
+
+
+def eval_read_worker():
+    import zeroshard
+    rank, world = _rank_world()
+    torch.manual_seed(0)
+    model = TiedHead()
+    reference = copy.deepcopy(model)
+    engine, *_ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
+                                      config=_config("fp32"))
+    batch = _batch(0, world)[2 * rank:2 * rank + 2]
+    engine.eval()
+    for _ in range(2):  # the first forward joins the root, the second follows it
+        with torch.no_grad():
+            loss = engine(batch)
+        assert torch.allclose(loss, reference(batch), rtol=1e-5)
+        assert engine._core.live_gathered_numel == 0
+    engine.train()
+    engine.backward(engine(batch))
+    engine.step()
+
+
+def test_a_parameter_read_in_a_forward_without_gradients_is_gathered_and_released():
+    run_distributed(eval_read_worker, 2)
 
 
 # ----- pattern 2: parameters read outside their own module's forward -----

@@ -129,12 +129,16 @@ def whole_modifier_worker(stage, precision):
     rank = _rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1))
+    model[2].bias.requires_grad_(False)
     engine, *_ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
                                       config=_config(stage, precision))
     weight = model[0].weight
-    with GatheredParameters(weight, modifier_rank=1):
+    frozen = model[2].bias  # frozen: whole on every rank and held by no optimizer
+    with GatheredParameters([weight, frozen], modifier_rank=1):
         with torch.no_grad():
             weight.fill_(0.25 if rank == 1 else -1.0)  # only rank 1's edit is kept
+            frozen.fill_(0.5 if rank == 1 else -1.0)
+    assert torch.all(frozen == 0.5)
     assert torch.all(weight == 0.25)  # the model copy on every rank
     assert torch.all(safe_get_full_fp32_param(weight) == 0.25)  # and the master weights
     x = torch.randn(4, D, generator=torch.Generator().manual_seed(1))
@@ -167,3 +171,34 @@ def attribute_worker():
 
 def test_engine_attributes_fall_through_to_the_module_and_say_when_neither_has_one():
     run_distributed(attribute_worker, 1)
+
+
+def group_worker():
+    import io
+    import torch.distributed as dist
+    import zeroshard
+    from zeroshard.zero import GatheredParameters, Init
+    rank = _rank()
+    zeroshard.init_distributed()
+    solo = dist.new_group([0])  # every rank creates it; only rank 0 is in it
+    if rank == 1:
+        with pytest.raises(ValueError, match="rank 1 is not a member of that group"):
+            Init(data_parallel_group=solo).__enter__()
+        return
+    with Init(data_parallel_group=solo):
+        model = nn.Linear(4, 4)
+    # Partitioned over a world of one: rank 1 is no rank of it.
+    with pytest.raises(ValueError, match=r"modifier_rank=1\): expected None or a rank in 0..0"):
+        GatheredParameters(model.weight, modifier_rank=1)
+    # A pickled zero.Init model loads, but its chunks cannot be gathered: said, not guessed.
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    copy_ = torch.load(buf, weights_only=False)
+    with pytest.raises(ValueError, match="holds only its chunk and no communicator"):
+        with GatheredParameters(copy_.weight):
+            pass
+
+
+def test_a_world_the_rank_is_not_part_of_is_named():
+    run_distributed(group_worker, 2)

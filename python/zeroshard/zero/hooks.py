@@ -42,62 +42,50 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
     hooks.add_external(parameter._zeroshard_index)
 
 
-class _ModuleIds:
-    """Hands out the coordinator's module ids, in registration order."""
-    __slots__ = ("next",)
-
-    def __init__(self):
-        self.next = 0
-
-    def take(self):
-        self.next += 1
-        return self.next - 1
-
-
 class _ModuleHooks:
     """One module of an engine's model: its coordinator id (None while it uses no partitioned
-    parameter) and its forward hooks. Every module has one, so that a parameter read in any
-    module's forward finds the module that reads it (see _GatherOnRead)."""
-    __slots__ = ("core", "ids", "module_id", "starts", "policy")
+    parameter; the coordinator numbers a module that joins later) and whether its forwards are
+    tracked for frozen parameters. Every module has one, so that a parameter read in any module's
+    forward finds the module that reads it (see _GatherOnRead)."""
+    __slots__ = ("core", "module_id", "starts", "policy")
 
-    def __init__(self, core, ids, policy):
-        self.core, self.ids, self.policy = core, ids, policy
+    def __init__(self, core, policy):
+        self.core, self.policy = core, policy
         self.module_id = self.starts = None
 
-    # A copy or pickle of the module is not hooked by any engine.
+    # A copy or pickle of the module is not hooked by any engine (its hooks then do nothing).
     def __deepcopy__(self, memo):
         return None
 
     def __reduce__(self):
         return _nothing, ()
 
-    def register(self, param_indices):
-        self.module_id = self.ids.take()
-        self.core.register_module(self.module_id, param_indices)
+    def register(self, module_id, param_indices):
+        self.module_id = module_id
+        self.core.register_module(module_id, param_indices)
         self._track_frozen()
 
     def _track_frozen(self):
         # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
         # kept for a module whose frozen parameters need _NodesRun.
-        if self.starts is None and self.core.holds_frozen(self.module_id):
+        if self.module_id is not None and self.starts is None and self.core.holds_frozen(self.module_id):
             self.starts = []
 
+    def _joined(self, module_id):
+        if module_id >= 0 and self.module_id is None:
+            self.module_id = module_id
+        self._track_frozen()
+
     def read(self, index):
-        """A partitioned parameter read in this module's forward, which no running module holds
-        until the coordinator says so: it becomes this module's external parameter."""
-        module_id = self.module_id if self.module_id is not None else self.ids.next
-        if self.core.read_in_forward(module_id, index) and self.module_id is None:
-            self.module_id = self.ids.take()
-        if self.module_id is not None:
-            self._track_frozen()
+        """A partitioned parameter read in this module's forward: the coordinator decides whether
+        it becomes this module's external parameter."""
+        self._joined(self.core.read_in_forward(-1 if self.module_id is None else self.module_id, index))
 
     def add_external(self, index):
-        running = any(h is self for h in _RUNNING)
-        module_id = self.module_id if self.module_id is not None else self.ids.next
-        if self.core.add_external(module_id, index, running) and self.module_id is None:
-            self.module_id = self.ids.take()
-        if self.module_id is not None:
-            self._track_frozen()
+        if any(h is self for h in _RUNNING):
+            self.read(index)  # gathered now if no running module holds it
+        else:
+            self._joined(self.core.add_external(-1 if self.module_id is None else self.module_id, index))
 
 
 def _nothing():
@@ -329,25 +317,40 @@ def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
     index = {id(p): i for i, p in enumerate(params)}
     # Around everything else: the root's forward tells the coordinator whether this forward
     # builds a graph (a training iteration, ended by backward) or not (ended by the forward).
-    handles = [module.register_forward_pre_hook(
-        lambda m, args: core.begin_forward(torch.is_grad_enabled()), prepend=True)]
-    ids, any_frozen = _ModuleIds(), False
+    handles = [module.register_forward_pre_hook(_begin_forward, prepend=True)]
+    registered, any_frozen = 0, False
     for m in module.modules():
         if isinstance(m, _CONTAINERS) and m is not module:
             continue  # never runs a forward: the module that holds it reads its parameters
-        hooks = _ModuleHooks(core, ids, policy)
+        hooks = _ModuleHooks(core, policy)
         m.__dict__[_HOOKS] = hooks
         _watch_reads(m, hooks, index)
-        ids_used = sorted({index[id(p)] for p in _used_parameters(m) if id(p) in index})
-        if ids_used:
-            hooks.register(ids_used)
+        used = sorted({index[id(p)] for p in _used_parameters(m) if id(p) in index})
+        if used:
+            hooks.register(registered, used)
+            registered += 1
             any_frozen = any_frozen or hooks.starts is not None
-        handles.append(m.register_forward_pre_hook(_pre_forward(hooks)))
+        handles.append(m.register_forward_pre_hook(_pre_forward))
         # always_call: a forward that ends in an exception still releases. Non-reentrant
         # checkpointing ends its recomputation that way as soon as it has what backward needs.
-        handles.append(m.register_forward_hook(_post_forward(hooks), always_call=True))
-    handles.append(module.register_forward_hook(lambda m, args, output: core.end_forward()))
+        handles.append(m.register_forward_hook(_post_forward, always_call=True))
+    handles.append(module.register_forward_hook(_end_forward))
     return handles, any_frozen
+
+
+# The hooks find their module's state when they run: a copy of the module (whose state is None)
+# runs as a plain module instead of driving the original's engine.
+def _begin_forward(module, args):
+    hooks = module.__dict__.get(_HOOKS)
+    if hooks is not None:
+        forget_running(hooks.core)  # left by a forward that raised outside the engine
+        hooks.core.begin_forward(torch.is_grad_enabled())
+
+
+def _end_forward(module, args, output):
+    hooks = module.__dict__.get(_HOOKS)
+    if hooks is not None:
+        hooks.core.end_forward()
 
 
 def _watch_reads(m, hooks, index):
@@ -379,60 +382,61 @@ def _used_parameters(m):
     return used + list(m.__dict__.get(_EXTERNAL, []))
 
 
-def _pre_forward(hooks):
-    def hook(module, args):
-        _RUNNING.append(hooks)
-        if hooks.module_id is None:
-            return
-        if hooks.starts is not None:
-            hooks.starts.append(_C.autograd_sequence_number())
-        hooks.core.fetch(hooks.module_id, False)
-    return hook
+def _pre_forward(module, args):
+    hooks = module.__dict__.get(_HOOKS)
+    if hooks is None:
+        return
+    _RUNNING.append(hooks)
+    if hooks.module_id is None:
+        return
+    if hooks.starts is not None:
+        hooks.starts.append(_C.autograd_sequence_number())
+    hooks.core.fetch(hooks.module_id, False)
 
 
-def _post_forward(hooks):
-    core, policy = hooks.core, hooks.policy
+def _post_forward(module, args, output):
+    hooks = module.__dict__.get(_HOOKS)
+    if hooks is None:
+        return output
+    if _RUNNING and _RUNNING[-1] is hooks:
+        _RUNNING.pop()
+    elif hooks in _RUNNING:  # an inner forward's hooks did not run (it raised first)
+        del _RUNNING[len(_RUNNING) - 1 - _RUNNING[::-1].index(hooks):]
+    core, policy, module_id, starts = hooks.core, hooks.policy, hooks.module_id, hooks.starts
+    if module_id is None:
+        return output
+    end = _C.autograd_sequence_number()  # before _PreBackward adds its node
+    start = starts.pop() if starts else None
+    during_backward = torch._C._current_graph_task_id() != -1
+    # Held only where the recomputation can save something for backward to read.
+    held = core.release(module_id, during_backward and torch.is_grad_enabled())
+    if not torch.is_grad_enabled():
+        return output
 
-    def hook(module, args, output):
-        if _RUNNING and _RUNNING[-1] is hooks:
-            _RUNNING.pop()
-        elif hooks in _RUNNING:  # an inner forward's hooks did not run (it raised first)
-            del _RUNNING[len(_RUNNING) - 1 - _RUNNING[::-1].index(hooks):]
-        module_id, starts = hooks.module_id, hooks.starts
-        if module_id is None:
-            return output
-        end = _C.autograd_sequence_number()  # before _PreBackward adds its node
-        start = starts.pop() if starts else None
-        during_backward = torch._C._current_graph_task_id() != -1
-        # Held only where the recomputation can save something for backward to read.
-        held = core.release(module_id, during_backward and torch.is_grad_enabled())
-        if not torch.is_grad_enabled():
-            return output
+    def attach(tensors):
+        grad = [t for t in tensors if t.requires_grad]
+        if not grad:
+            return tensors
+        nodes_run = None
+        # Within backward, saved-tensor hooks mean non-reentrant checkpointing's
+        # recomputation (or the user's own hooks): its graph gets no backward of its own, and
+        # when it runs depends on which node first needs it, which can differ between ranks
+        # (no collective may depend on it). Only reentrant recomputations are tracked there.
+        if start is not None and not (
+                during_backward and torch._C._autograd._top_saved_tensors_default_hooks(False)):
+            lowest = _lowest_nodes_created(grad, start, end)
+            if lowest is not None:
+                nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
+            if during_backward:
+                verdict = policy.agree_now(nodes_run is not None) if policy.in_backward \
+                    else _Verdict()
+            else:
+                verdict = policy.record(nodes_run is not None)
+            if nodes_run is not None:
+                nodes_run.verdict = verdict
+        wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
+        wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
+        return [next(wrapped) if t.requires_grad else t for t in tensors]
 
-        def attach(tensors):
-            grad = [t for t in tensors if t.requires_grad]
-            if not grad:
-                return tensors
-            nodes_run = None
-            # Within backward, saved-tensor hooks mean non-reentrant checkpointing's
-            # recomputation (or the user's own hooks): its graph gets no backward of its own, and
-            # when it runs depends on which node first needs it, which can differ between ranks
-            # (no collective may depend on it). Only reentrant recomputations are tracked there.
-            if start is not None and not (
-                    during_backward and torch._C._autograd._top_saved_tensors_default_hooks(False)):
-                lowest = _lowest_nodes_created(grad, start, end)
-                if lowest is not None:
-                    nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
-                if during_backward:
-                    verdict = policy.agree_now(nodes_run is not None) if policy.in_backward \
-                        else _Verdict()
-                else:
-                    verdict = policy.record(nodes_run is not None)
-                if nodes_run is not None:
-                    nodes_run.verdict = verdict
-            wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
-            wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
-            return [next(wrapped) if t.requires_grad else t for t in tensors]
+    return _map_outputs(output, attach)
 
-        return _map_outputs(output, attach)
-    return hook

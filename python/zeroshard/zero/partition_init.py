@@ -10,8 +10,29 @@ import torch
 from zeroshard import _C
 
 _SHAPE = "_zeroshard_full_shape"
-_COMM = "_zeroshard_init_comm"  # the communicator the parameter was partitioned over
+_COMM = "_zeroshard_init_comm"  # a _CommRef to the communicator the parameter was partitioned over
 _ds_ids = itertools.count()     # DeepSpeed's ds_id: every rank builds in the same order
+# Parameters gathered by GatheredParameters before initialize(): id -> [open blocks, own chunk].
+_open = {}
+
+
+def _nothing():
+    return None
+
+
+class _CommRef:
+    """Holds the communicator on the parameter; a pickle or copy of it holds none (a
+    communicator cannot travel, and Parameter.__deepcopy__ drops the attributes anyway)."""
+    __slots__ = ("comm",)
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __reduce__(self):
+        return _nothing, ()
+
+    def __deepcopy__(self, memo):
+        return None
 
 
 def _keep_chunk(param, flat, comm):
@@ -35,7 +56,7 @@ def partition_parameter(param: torch.nn.Parameter, comm, what: str, src: int = 0
             comm.broadcast(flat, src, what)  # every rank partitions rank 0's values
         _keep_chunk(param, flat, comm)
     setattr(param, _SHAPE, shape)
-    setattr(param, _COMM, comm)
+    setattr(param, _COMM, _CommRef(comm))
     # DeepSpeed's names for the whole shape and size, which scripts (Hugging Face's loader, peft)
     # read while the parameter holds only a chunk; the engine renumbers ds_id at initialize().
     param.ds_shape, param.ds_numel, param.ds_id = torch.Size(shape), flat.numel(), next(_ds_ids)
@@ -47,46 +68,66 @@ def full_shape(param):
 
 def partitioned_before_engine(param) -> bool:
     """Partitioned by zero.Init and not yet handed to an engine (whose coordinator owns it then)."""
-    return hasattr(param, _COMM) and getattr(param, "_zeroshard_core", None) is None
+    return hasattr(param, _SHAPE) and getattr(param, "_zeroshard_core", None) is None
+
+
+def init_comm(param):
+    """The communicator zero.Init partitioned `param` over; a copy or unpickled one has none."""
+    ref = getattr(param, _COMM, None)
+    if ref is None:
+        raise ValueError(f"zero.Init: parameter ds_id {getattr(param, 'ds_id', '?')} holds only "
+                         "its chunk and no communicator: a copy or unpickled parameter of a model "
+                         "built under zero.Init cannot be gathered; copy the model after "
+                         "initialize() with GatheredParameters, or build it again")
+    return ref.comm
 
 
 def gather_before_engine(params):
     """GatheredParameters before initialize(): each parameter takes its whole values (one
-    all-gather each, on the communicator that partitioned it). Returns the chunks, for
-    repartition_before_engine."""
-    chunks = []
+    all-gather, on the communicator that partitioned it), once however many blocks hold it."""
     with torch.no_grad():
         for p in params:
-            comm, chunk = getattr(p, _COMM), p.data
+            if id(p) in _open:
+                _open[id(p)][0] += 1
+                continue
+            comm, chunk = init_comm(p), p.data
             full = chunk.new_empty(chunk.numel() * comm.world_size)
             if comm.world_size > 1:
                 comm.all_gather(full, chunk, f"GatheredParameters: ds_id {p.ds_id} {tuple(p.ds_shape)}")
             else:
                 full.copy_(chunk)
             p.data = full[:p.ds_numel].view(p.ds_shape)
-            chunks.append(chunk)
-    return chunks
+            _open[id(p)] = [1, chunk]
 
 
-def repartition_before_engine(params, chunks, modifier_rank):
-    """The end of such a block: without a modifier rank each parameter gets its chunk back and
-    edits are discarded (as in DeepSpeed); with one, that rank's whole values are broadcast and
-    every rank keeps its chunk of them."""
+def repartition_before_engine(params, modifier_rank):
+    """The end of such a block. With a modifier rank, its whole values are broadcast; the last
+    block to close then keeps every rank's chunk of them. Without one, the last block restores
+    the chunks, and edits are discarded (as in DeepSpeed)."""
     with torch.no_grad():
-        for p, chunk in zip(params, chunks):
+        for p in params:
+            entry = _open[id(p)]
+            entry[0] -= 1
+            last = entry[0] == 0
+            if last:
+                del _open[id(p)]
             if modifier_rank is None:
-                p.data = chunk
+                if last:
+                    p.data = entry[1]
                 continue
             if tuple(p.shape) != tuple(p.ds_shape):
                 raise ValueError(f"GatheredParameters(modifier_rank={modifier_rank}): parameter "
                                  f"ds_id {p.ds_id} was given shape {tuple(p.shape)} inside the "
                                  f"block; expected its shape {tuple(p.ds_shape)}")
-            comm = getattr(p, _COMM)
-            flat = p.data.to(chunk.dtype).reshape(-1).contiguous()
+            comm = init_comm(p)
+            flat = p.data.to(entry[1].dtype).reshape(-1).contiguous()
             if comm.world_size > 1:
                 comm.broadcast(flat, modifier_rank,
                                f"GatheredParameters: ds_id {p.ds_id} from rank {modifier_rank}")
-            _keep_chunk(p, flat, comm)
+            if last:
+                _keep_chunk(p, flat, comm)
+            else:
+                p.data = flat.view(p.ds_shape)
 
 
 def _all_subclasses(cls):
@@ -132,6 +173,9 @@ class Init:
                             ("param_swapper", param_swapper)):
             if value is not None:
                 raise ValueError(f"zero.Init({name}=...): not supported by zeroshard; expected None")
+        if config is not None and config_dict_or_path is not None:
+            raise ValueError("zero.Init: given both config_dict_or_path and config (its older "
+                             "name); pass only one")
         config = config_dict_or_path if config_dict_or_path is not None else config
         if dtype is None and config is not None and enabled:
             dtype = _config_dtype(config)
@@ -149,8 +193,13 @@ class Init:
             self._stop()
 
     def _start(self):
+        import torch.distributed as dist
         from zeroshard.comm import init_distributed, new_comm
         init_distributed()
+        if self.group is not None and dist.get_rank(self.group) < 0:
+            raise ValueError(f"zero.Init(data_parallel_group=...): rank {dist.get_rank()} is not "
+                             "a member of that group; build the model under zero.Init on the "
+                             "group's ranks only")
         # A communicator of our own, numbered and watched like the engine's: a rank that builds a
         # different model ends with an error naming the parameter instead of hanging.
         self._comm = new_comm(self.group)
