@@ -111,7 +111,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, milliseconds timeout,
 }
 
 void Comm::check_tensor(const at::Tensor& t, const char* op, const std::string& what) const {
-  ZS_REQUIRE(t.defined() && t.is_contiguous(), "rank ", rank_, ": ", op, "(", what,
+  ZS_CHECK(t.defined() && t.is_contiguous(), "rank ", rank_, ": ", op, "(", what,
            ") needs a defined contiguous tensor");
 }
 
@@ -160,7 +160,7 @@ CommWork Comm::all_reduce_max(at::Tensor tensor, const std::string& what) {
 CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::string& what) {
   check_tensor(output, "reduce_scatter", what);
   check_tensor(input, "reduce_scatter", what);
-  ZS_REQUIRE(input.numel() == output.numel() * world_size_, "rank ", rank_, ": reduce_scatter(", what,
+  ZS_CHECK(input.numel() == output.numel() * world_size_, "rank ", rank_, ": reduce_scatter(", what,
            "): input has ", input.numel(), " elements, expected world_size ", world_size_, " x ",
            output.numel());
   const auto d = begin(describe("reduce_scatter", input, what), true);
@@ -173,7 +173,7 @@ CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::st
 
 CommWork Comm::reduce_scatter_in_place(at::Tensor buffer, const std::string& what) {
   check_tensor(buffer, "reduce_scatter_in_place", what);
-  ZS_REQUIRE(buffer.numel() % world_size_ == 0, "rank ", rank_, ": reduce_scatter_in_place(", what,
+  ZS_CHECK(buffer.numel() % world_size_ == 0, "rank ", rank_, ": reduce_scatter_in_place(", what,
            "): ", buffer.numel(), " elements do not split into world_size ", world_size_, " parts");
   if (backend_ != "nccl") return all_reduce(buffer, what);
   const int64_t part = buffer.numel() / world_size_;
@@ -189,7 +189,7 @@ CommWork Comm::reduce_scatter_in_place(at::Tensor buffer, const std::string& wha
 CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string& what) {
   check_tensor(output, "all_gather", what);
   check_tensor(input, "all_gather", what);
-  ZS_REQUIRE(output.numel() == input.numel() * world_size_, "rank ", rank_, ": all_gather(", what,
+  ZS_CHECK(output.numel() == input.numel() * world_size_, "rank ", rank_, ": all_gather(", what,
            "): output has ", output.numel(), " elements, expected world_size ", world_size_, " x ",
            input.numel());
   if (backend_ != "nccl" && input.data_ptr() >= output.data_ptr() &&
