@@ -59,7 +59,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
       config_(config),
       optimizer_(optimizer),
       strategy_(make_strategy(config.zero_optimization)),
-      scaler_(scaler_options(config.fp16)),
+      state_(scaler_options(config.fp16), int64_t(groups.size())),
       kind_(optimizer_kind(optimizer.type)) {
   ZS_CHECK(comm_, "ZeroOptimizer: no communicator");
   ZS_REQUIRE(!groups.empty(), "ZeroOptimizer: no parameter groups with trainable parameters");
@@ -110,7 +110,6 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     coordinator_ =
         std::make_unique<ParamCoordinator>(gathered, comm_, config.zero_optimization, memory_);
   }
-  group_steps_.assign(groups_.size(), 0);
 }
 
 void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
@@ -195,7 +194,7 @@ double ZeroOptimizer::global_sum_sq(double local_sum_sq) {
 
 void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double grad_scale,
                           double* sum_sq) {
-  const int64_t step = ++group_steps_[gi];
+  const int64_t step = state_.count_group_step(gi);
   const ShardRange own = g.owned();
   // Mixed precision: the kernels write the updated 16-bit parameters in the same pass.
   const at::Tensor p16_all =
@@ -247,11 +246,12 @@ void ZeroOptimizer::apply(FlatGroup& g, int64_t gi, const GroupHyper& h, double 
   }
 }
 
-StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
+StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples) {
   ZS_CHECK(hypers.size() == groups_.size(), "ZeroOptimizer::step: got ", hypers.size(),
            " hyperparameter sets for ", groups_.size(), " parameter groups");
   StepResult r;
-  r.loss_scale = scaler_.scale();
+  LossScaler& scaler = state_.scaler();
+  r.loss_scale = scaler.scale();
   // The norm is needed before the update only to clip and to find fp16 overflows. Otherwise the
   // CPU Adam kernel computes it in its own pass, and the gradients are read once instead of twice.
   // (On CUDA the separate pass stays: per-piece statistics would sync between the updates.)
@@ -259,16 +259,16 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
                               config_.gradient_clipping <= 0.0 && groups_[0]->master().is_cpu();
   double clip = 1.0;
   if (norm_in_update) {
-    scaler_.update(false);
+    scaler.update(false);
   } else {
     auto [overflow, sum_sq] = inspect_gradients();
-    const bool skip = scaler_.update(overflow);
+    const bool skip = scaler.update(overflow);
     if (skip) {
-      ++skipped_steps_;
+      state_.count_step(samples, false);
       // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
-      if (overflow && scaler_.at_minimum_after_overflow()) {
+      if (overflow && scaler.at_minimum_after_overflow()) {
         throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
-                                "fp16.min_loss_scale (", scaler_.scale(), "), so no step can be "
+                                "fp16.min_loss_scale (", scaler.scale(), "), so no step can be "
                                 "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
       }
       r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
@@ -290,6 +290,7 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers) {
   if (norm_in_update) r.grad_norm = std::sqrt(global_sum_sq(local_sum_sq)) / r.loss_scale;
   if (coordinator_) coordinator_->refresh_persistent();
   zero_grad();
+  state_.count_step(samples, true);
   r.applied = true;
   return r;
 }
@@ -368,7 +369,7 @@ at::Tensor ZeroOptimizer::full_value(int64_t index, const std::string& what) {
       comm_->all_reduce(full, detail::cat("safe_get_full ", what, " of parameter ", index)).wait();
     }
   }
-  if (grad) ops::scale_(full, 1.0 / scaler_.scale());
+  if (grad) ops::scale_(full, 1.0 / state_.scaler().scale());
   return full.view(g->shape(t));
 }
 

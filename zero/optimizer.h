@@ -12,6 +12,7 @@
 #include "runtime/comm.h"
 #include "runtime/config/config.h"
 #include "runtime/loss_scaler.h"
+#include "runtime/training_state.h"
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
 #include "zero/grad_reducer.h"
@@ -84,15 +85,18 @@ class ZeroOptimizer {
   // Stage 3 only: the parameter coordinator the engine's module hooks drive.
   ParamCoordinator& coordinator();
   // The factor backward multiplies the loss by (loss scale; 1 without fp16).
-  double loss_scale() const { return scaler_.scale(); }
-  StepResult step(const std::vector<GroupHyper>& hypers);
+  double loss_scale() const { return state_.scaler().scale(); }
+  // The optimizer step at an accumulation boundary over `samples` samples (the global batch),
+  // counted in the training state whether applied or skipped.
+  StepResult step(const std::vector<GroupHyper>& hypers, int64_t samples);
   // Stages 0/1 forget the full gradients (the engine sets param.grad to None, and the next
   // backward writes them again); stages 2/3 zero the owned gradient shards.
   void zero_grad();
 
   const MemoryAccount& memory() const { return memory_; }
   int64_t stage() const { return strategy_->stage(); }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // The run's progress: counters, per-group steps, the loss scaler (checkpoints save it whole).
+  TrainingState& training_state() { return state_; }
   int64_t num_buckets() const { return reducer_->num_buckets(); }
   // fp32 values of the owned range of group g (for tests and checkpoints).
   at::Tensor master(int64_t g) const { return groups_.at(g)->master(); }
@@ -140,10 +144,8 @@ class ZeroOptimizer {
   std::unique_ptr<FlatGroup> frozen_;  // stage 3 with frozen parameters
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
-  LossScaler scaler_;
+  TrainingState state_;
   OptimizerKind kind_;
-  std::vector<int64_t> group_steps_;
-  int64_t skipped_steps_ = 0;
   bool grads_written_ = false;  // a backward ran since the last zero_grad
 };
 

@@ -96,6 +96,22 @@ void bind_zero(py::module_& m) {
       .def_readonly("grad_norm", &StepResult::grad_norm)
       .def_readonly("loss_scale", &StepResult::loss_scale);
 
+  // The run's progress (runtime/training_state.h): the engine's counters read it, and
+  // state_dict()/load_state_dict() carry it whole as JSON-compatible dicts.
+  py::class_<TrainingState>(m, "TrainingState")
+      .def_property_readonly("global_steps", &TrainingState::global_steps)
+      .def_property_readonly("micro_steps", &TrainingState::micro_steps)
+      .def_property_readonly("global_samples", &TrainingState::global_samples)
+      .def_property_readonly("skipped_steps", &TrainingState::skipped_steps)
+      .def("count_micro_step", &TrainingState::count_micro_step)
+      .def("state_dict", [](const TrainingState& s) {
+        return py::module_::import("json").attr("loads")(s.state_dict().dump());
+      })
+      .def("load_state_dict", [](TrainingState& s, const py::dict& state) {
+        const std::string text = py::module_::import("json").attr("dumps")(state).cast<std::string>();
+        s.load_state_dict(nlohmann::json::parse(text));
+      }, py::arg("state"));
+
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(m, "ZeroOptimizer")
       .def(py::init([](std::shared_ptr<Comm> comm, std::shared_ptr<Config> config,
                        const py::dict& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
@@ -181,13 +197,15 @@ void bind_zero(py::module_& m) {
       .def_property_readonly("trace_invalidations",
                              [](ZeroOptimizer& o) { return o.coordinator().trace_invalidations(); })
       .def("step",
-           [](ZeroOptimizer& o, const py::list& groups) {
+           [](ZeroOptimizer& o, const py::list& groups, int64_t samples) {
              std::vector<GroupHyper> hypers;
              for (const auto& g : groups) hypers.push_back(hyper_from_dict(g.cast<py::dict>()));
              py::gil_scoped_release release;
-             return o.step(hypers);
+             return o.step(hypers, samples);
            },
-           py::arg("param_groups"))
+           py::arg("param_groups"), py::arg("samples"))
+      .def_property_readonly("state", [](ZeroOptimizer& o) -> TrainingState& { return o.training_state(); },
+                             py::return_value_policy::reference_internal)
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))
       .def("full_value",
@@ -206,7 +224,6 @@ void bind_zero(py::module_& m) {
       .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("stage", &ZeroOptimizer::stage)
-      .def_property_readonly("skipped_steps", &ZeroOptimizer::skipped_steps)
       .def_property_readonly("num_buckets", &ZeroOptimizer::num_buckets)
       .def_property_readonly("num_params", &ZeroOptimizer::num_params);
 }

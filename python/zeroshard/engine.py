@@ -91,9 +91,6 @@ class ZeroShardEngine(torch.nn.Module):
                             self.global_rank, collate_fn, s["dataloader_drop_last"])
             if training_data is not None else None)
 
-        self.micro_steps = 0
-        self.global_steps = 0
-        self.global_samples = 0
         self._boundary_override = None
         self._in_no_sync = False
         self._last = None  # the last StepResult
@@ -348,7 +345,7 @@ class ZeroShardEngine(torch.nn.Module):
                                "reduced yet; leave the block and run one more backward first")
         if self.is_gradient_accumulation_boundary():
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self._last = self._core.step(groups)
+            self._last = self._core.step(groups, self._train_batch_size)
             self._drop_full_grads()
             if self._last.applied:
                 # torch schedulers warn unless they see the optimizer was stepped first.
@@ -356,13 +353,11 @@ class ZeroShardEngine(torch.nn.Module):
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step(**(lr_kwargs or {}))
             else:
-                log_rank0(f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; "
+                log_rank0(f"step {self.global_steps}: fp16 gradient overflow, step skipped; "
                           f"loss scale {self._last.loss_scale:g} -> {self._core.loss_scale:g}",
                           self.global_rank)
-            self.global_steps += 1
-            self.global_samples += self._train_batch_size
             self._maybe_print()
-        self.micro_steps += 1
+        self._core.state.count_micro_step()
         self._boundary_override = None
 
     def _maybe_print(self):
@@ -415,9 +410,22 @@ class ZeroShardEngine(torch.nn.Module):
     def get_loss_scale(self):
         return self._core.loss_scale
 
+    # DeepSpeed's counters, read from the one training state (runtime/training_state.h).
+    @property
+    def global_steps(self):
+        return self._core.state.global_steps
+
+    @property
+    def micro_steps(self):
+        return self._core.state.micro_steps
+
+    @property
+    def global_samples(self):
+        return self._core.state.global_samples
+
     @property
     def skipped_steps(self):
-        return self._core.skipped_steps
+        return self._core.state.skipped_steps
 
     @property
     def local_rank(self):

@@ -76,7 +76,7 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
       }
       opt.after_backward(boundary);
     }
-    REQUIRE(opt.step({h}).applied);
+    REQUIRE(opt.step({h}, comm->world_size()).applied);
   }
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_value(int64_t(i), "fp32_param"));
