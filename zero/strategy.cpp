@@ -6,6 +6,14 @@
 namespace zeroshard {
 
 std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
+  // Offload is asked for in the same block; until it is built, the refusal lives here, once.
+  const std::string& optimizer = config.offload_optimizer.device;
+  const std::string& param = config.offload_param.device;
+  if (optimizer != "none" || param != "none") {
+    throw ConfigError(detail::cat("zero_optimization.offload_optimizer/offload_param: device '",
+                                  optimizer, "'/'", param,
+                                  "' is not available in this build yet; expected \"none\""));
+  }
   switch (config.stage) {
     case 0: return make_stage0();
     case 1: return make_stage1();

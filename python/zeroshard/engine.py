@@ -72,10 +72,6 @@ class ZeroShardEngine(torch.nn.Module):
         for note in self._config.notes:
             log_rank0(note, self.global_rank)
         log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
-        if s["offload_optimizer"] != "none" or s["offload_param"] != "none":
-            raise ValueError("zero_optimization.offload_optimizer/offload_param: device "
-                             f"'{s['offload_optimizer']}'/'{s['offload_param']}' is not available in "
-                             "this build yet; expected \"none\"")
 
         self.device = comm_device()
         self.module = model.to(self.device)
