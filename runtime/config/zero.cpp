@@ -91,12 +91,12 @@ void read_zero(Block& top, Config& c) {
   }
   Block z(raw, "zero_optimization", top.ctx(), top.out()["zero_optimization"]);
   zc.stage = z.get_int_choice("stage", 0, {0, 1, 2, 3});
-  zc.contiguous_gradients = z.get_bool("contiguous_gradients", true);
-  zc.reduce_scatter = z.get_bool("reduce_scatter", true);
-  zc.reduce_bucket_size = z.get_int("reduce_bucket_size", 500000000, 0);
-  zc.use_multi_rank_bucket_allreduce = z.get_bool("use_multi_rank_bucket_allreduce", true);
-  zc.allgather_partitions = z.get_bool("allgather_partitions", true);
-  zc.allgather_bucket_size = z.get_int("allgather_bucket_size", 500000000, 0);
+  zc.contiguous_gradients = z.get_bool("contiguous_gradients", zc.contiguous_gradients);
+  zc.reduce_scatter = z.get_bool("reduce_scatter", zc.reduce_scatter);
+  zc.reduce_bucket_size = z.get_int("reduce_bucket_size", zc.reduce_bucket_size, 0);
+  zc.use_multi_rank_bucket_allreduce = z.get_bool("use_multi_rank_bucket_allreduce", zc.use_multi_rank_bucket_allreduce);
+  zc.allgather_partitions = z.get_bool("allgather_partitions", zc.allgather_partitions);
+  zc.allgather_bucket_size = z.get_int("allgather_bucket_size", zc.allgather_bucket_size, 0);
   // DeepSpeed's None default: overlap is on for stage 3 (it prefetches anyway), off otherwise.
   {
     bool was_auto = z.is_auto("overlap_comm");
@@ -106,9 +106,9 @@ void read_zero(Block& top, Config& c) {
     if (was_auto) z.note_if_auto("overlap_comm", zc.overlap_comm);
     z.out()["overlap_comm"] = zc.overlap_comm;
   }
-  zc.load_from_fp32_weights = z.get_bool("load_from_fp32_weights", true);
-  zc.elastic_checkpoint = z.get_bool("elastic_checkpoint", false);
-  zc.sub_group_size = z.get_int("sub_group_size", 1000000000, 0);
+  zc.load_from_fp32_weights = z.get_bool("load_from_fp32_weights", zc.load_from_fp32_weights);
+  zc.elastic_checkpoint = z.get_bool("elastic_checkpoint", zc.elastic_checkpoint);
+  zc.sub_group_size = z.get_int("sub_group_size", zc.sub_group_size, 0);
 
   // Deprecated switches that DeepSpeed maps onto the offload blocks (and pin_memory in both).
   std::optional<bool> cpu_offload, cpu_offload_param, cpu_pin;
@@ -135,12 +135,12 @@ void read_zero(Block& top, Config& c) {
   read_offload_param(z, zc, cpu_offload_param.value_or(false), cpu_pin.value_or(false));
   read_offload_optimizer(z, zc, cpu_offload.value_or(false), cpu_pin.value_or(false));
 
-  zc.stage3_prefetch_bucket_size = aliased_int(z, "stage3_prefetch_bucket_size", 50000000);
-  zc.stage3_param_persistence_threshold = aliased_int(z, "stage3_param_persistence_threshold", 100000);
+  zc.stage3_prefetch_bucket_size = aliased_int(z, "stage3_prefetch_bucket_size", zc.stage3_prefetch_bucket_size);
+  zc.stage3_param_persistence_threshold = aliased_int(z, "stage3_param_persistence_threshold", zc.stage3_param_persistence_threshold);
   zc.stage3_model_persistence_threshold =
       aliased_int(z, "stage3_model_persistence_threshold", std::numeric_limits<int64_t>::max());
-  zc.stage3_max_live_parameters = aliased_int(z, "stage3_max_live_parameters", 1000000000);
-  zc.stage3_max_reuse_distance = aliased_int(z, "stage3_max_reuse_distance", 1000000000);
+  zc.stage3_max_live_parameters = aliased_int(z, "stage3_max_live_parameters", zc.stage3_max_live_parameters);
+  zc.stage3_max_reuse_distance = aliased_int(z, "stage3_max_reuse_distance", zc.stage3_max_reuse_distance);
   zc.stage3_gather_16bit_weights_on_model_save =
       aliased_bool(z, "stage3_gather_16bit_weights_on_model_save", false);
   if (z.has("stage3_gather_fp16_weights_on_model_save")) {
@@ -160,19 +160,19 @@ void read_zero(Block& top, Config& c) {
     z.out().erase(name);
     z.out()["stage3_module_granularity_threshold"] = zc.stage3_module_granularity_threshold;
   }
-  zc.stage3_use_all_reduce_for_fetch_params = aliased_bool(z, "stage3_use_all_reduce_for_fetch_params", false);
-  zc.stage3_allgather_sequential = aliased_bool(z, "stage3_allgather_sequential", false);
-  zc.ignore_unused_parameters = z.get_bool("ignore_unused_parameters", true);
-  zc.round_robin_gradients = z.get_bool("round_robin_gradients", false);
-  zc.memory_efficient_linear = z.get_bool("memory_efficient_linear", true);
-  zc.log_trace_cache_warnings = z.get_bool("log_trace_cache_warnings", false);
-  zc.override_module_apply = z.get_bool("override_module_apply", true);
-  zc.enable_sanity_checks = z.get_bool("enable_sanity_checks", false);
-  zc.pipeline_loading_checkpoint = z.get_bool("pipeline_loading_checkpoint", false);
+  zc.stage3_use_all_reduce_for_fetch_params = aliased_bool(z, "stage3_use_all_reduce_for_fetch_params", zc.stage3_use_all_reduce_for_fetch_params);
+  zc.stage3_allgather_sequential = aliased_bool(z, "stage3_allgather_sequential", zc.stage3_allgather_sequential);
+  zc.ignore_unused_parameters = z.get_bool("ignore_unused_parameters", zc.ignore_unused_parameters);
+  zc.round_robin_gradients = z.get_bool("round_robin_gradients", zc.round_robin_gradients);
+  zc.memory_efficient_linear = z.get_bool("memory_efficient_linear", zc.memory_efficient_linear);
+  zc.log_trace_cache_warnings = z.get_bool("log_trace_cache_warnings", zc.log_trace_cache_warnings);
+  zc.override_module_apply = z.get_bool("override_module_apply", zc.override_module_apply);
+  zc.enable_sanity_checks = z.get_bool("enable_sanity_checks", zc.enable_sanity_checks);
+  zc.pipeline_loading_checkpoint = z.get_bool("pipeline_loading_checkpoint", zc.pipeline_loading_checkpoint);
 
   // Features that change what is communicated or how it is sharded: errors, not silent no-ops.
   z.reject_unless_default("legacy_stage1", false, "the legacy ZeRO stage 1 implementation");
-  zc.zero_hpz_partition_size = z.get_int("zero_hpz_partition_size", 1, 0);
+  zc.zero_hpz_partition_size = z.get_int("zero_hpz_partition_size", zc.zero_hpz_partition_size, 0);
   if (zc.zero_hpz_partition_size > 1)
     z.fail("zero_hpz_partition_size", "got " + std::to_string(zc.zero_hpz_partition_size) +
                                           ", expected 1 (ZeRO++ hierarchical partitioning: not supported by zeroshard)");
@@ -180,7 +180,7 @@ void read_zero(Block& top, Config& c) {
   z.reject_unless_default("zero_quantized_nontrainable_weights", false, "ZeRO++ quantized weights");
   z.reject_unless_default("zero_quantized_gradients", false, "ZeRO++ quantized gradients");
   z.reject_unless_default("zeropp_loco_param", nullptr, "ZeRO++ LoCo");
-  zc.mics_shard_size = z.get_int("mics_shard_size", -1);
+  zc.mics_shard_size = z.get_int("mics_shard_size", zc.mics_shard_size);
   if (zc.mics_shard_size > 0)
     z.fail("mics_shard_size", "got " + std::to_string(zc.mics_shard_size) + ", expected -1 (MiCS: not supported by zeroshard)");
   z.reject_unless_default("mics_hierarchical_params_gather", false, "MiCS");
