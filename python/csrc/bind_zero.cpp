@@ -4,6 +4,7 @@
 
 #include "python/csrc/bindings.h"
 #include "runtime/error.h"
+#include "zero/frozen_release.h"
 #include "zero/optimizer.h"
 
 namespace py = pybind11;
@@ -95,6 +96,22 @@ void bind_zero(py::module_& m) {
       .def_readonly("applied", &StepResult::applied)
       .def_readonly("grad_norm", &StepResult::grad_norm)
       .def_readonly("loss_scale", &StepResult::loss_scale);
+
+  // When ZeRO-3 may release frozen parameters early (zero/frozen_release.h); the engine's hooks
+  // report forwards and the nodes that ran, and ask it.
+  py::class_<FrozenRelease, std::shared_ptr<FrozenRelease>>(m, "FrozenRelease")
+      .def(py::init([](std::shared_ptr<Comm> comm, const std::string& device) {
+             return std::make_shared<FrozenRelease>(std::move(comm), c10::Device(device));
+           }),
+           py::arg("comm"), py::arg("device"))
+      .def("record", &FrozenRelease::record, py::arg("tracked"))
+      .def("agree_now", &FrozenRelease::agree_now, py::arg("tracked"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("may_arm", &FrozenRelease::may_arm, py::arg("verdict"), py::arg("grad_enabled"))
+      .def_property_readonly("in_backward", &FrozenRelease::in_backward)
+      .def("begin_backward", &FrozenRelease::begin_backward, py::call_guard<py::gil_scoped_release>())
+      .def("end_backward", &FrozenRelease::end_backward)
+      .def_readonly_static("NEVER", &FrozenRelease::kNever);
 
   // The run's progress (runtime/training_state.h): the engine's counters read it, and
   // state_dict()/load_state_dict() carry it whole as JSON-compatible dicts.

@@ -191,7 +191,7 @@ class ZeroShardEngine(torch.nn.Module):
             shapes = [torch.Size(p.shape if full_shape(p) is None else full_shape(p))
                       for p in self._gathered]
             self._core.attach_parameters(self._gathered)
-            policy = zero_hooks.FrozenRelease(self._comm, str(self.device))
+            policy = _C.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, any_frozen = zero_hooks.install(
                 self._core, self.module, self._gathered, policy)
             self._frozen_release = policy if any_frozen else None

@@ -13,7 +13,8 @@ def _stubbed():
     names = {}
     for node in ast.parse(open(STUB, encoding="utf-8").read()).body:
         if isinstance(node, ast.ClassDef):
-            names[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            names[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | {
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
         elif isinstance(node, ast.FunctionDef):
             names[node.name] = None
         elif isinstance(node, ast.AnnAssign):

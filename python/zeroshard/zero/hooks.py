@@ -2,7 +2,8 @@
 after it; an identity autograd node on its outputs gathers them again just before its backward.
 The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
 backward is done with them; for a module holding frozen parameters, these hooks tell it when every
-autograd node the module's forward created has run (_NodesRun)."""
+autograd node the module's forward created has run (_NodesRun), and whether that report may
+release anything is _C.FrozenRelease's decision (zero/frozen_release.h)."""
 import copy
 import dataclasses
 
@@ -142,63 +143,6 @@ class _PreBackward(torch.autograd.Function):
         return (None, None, None) + grads
 
 
-class _Verdict:
-    """Whether the ranks agreed on which forwards of a set they track (FrozenRelease)."""
-    __slots__ = ("agreed",)
-
-    def __init__(self, agreed=False):
-        self.agreed = agreed
-
-
-class FrozenRelease:
-    """When _NodesRun may release frozen weights: only inside the engine's backward, whose end
-    releases everything anyway (autograd.grad before it may leave nodes that read the weights
-    for it, such as a gradient penalty's), never in a backward that builds a graph (create_graph:
-    its nodes read the weights later), and only for forwards that every rank tracks. A rank's
-    graph can differ from another's (a data-dependent branch that writes into a slice), and a
-    rank that releases a module where another holds it all-gathers it again alone; so at the
-    start of each backward the ranks compare which of the forwards since the last one they
-    track, and if they differ none of those is released early. A forward run again within
-    backward (reentrant checkpointing's recomputation, whose first forward built no graph) is
-    compared on its own when it ends: one all-reduce per such forward of a module holding
-    frozen parameters."""
-
-    def __init__(self, comm, device):
-        self.comm, self.device = comm, device
-        self.count, self.digest, self.verdict = 0, 0, _Verdict()
-        self.in_backward = False
-
-    def record(self, tracked):
-        """A forward outside backward of a module holding frozen parameters; returns the verdict
-        its _NodesRun follows."""
-        self.count += 1
-        self.digest = (self.digest * 3 + 1 + int(tracked)) % (1 << 61)
-        return self.verdict
-
-    def agree_now(self, tracked):
-        """A forward within backward: whether every rank tracks it (every rank runs it, as the
-        recomputation repeats a forward that every rank ran)."""
-        return _Verdict(self._compare(int(tracked), 0))
-
-    def _compare(self, count, digest):
-        mine = torch.tensor([count, -count, digest, -digest], dtype=torch.int64, device=self.device)
-        self.comm.all_reduce_max(mine, "ZeRO-3: which forwards may release frozen parameters")
-        top = mine.tolist()
-        return top[0] == -top[1] and top[2] == -top[3]
-
-    def may_arm(self, verdict):
-        # Grad mode is on in backward only with create_graph (engine.backward never sets it).
-        return verdict.agreed and self.in_backward and not torch.is_grad_enabled()
-
-    def begin_backward(self):
-        self.verdict.agreed = self._compare(self.count, self.digest)
-        self.count, self.digest, self.verdict = 0, 0, _Verdict()
-        self.in_backward = True
-
-    def end_backward(self):
-        self.in_backward = False
-
-
 class _NodesRun:
     """One forward of a module holding frozen parameters, whose autograd nodes (on this thread)
     are all reachable from its outputs. Of the graph that forward built, only those nodes can
@@ -224,7 +168,7 @@ class _NodesRun:
             node.register_hook(lambda grad_inputs, grad_outputs, seq=seq: self.node_ran(seq))
 
     def arm(self):
-        self.ran, self.armed = set(), self.policy.may_arm(self.verdict)
+        self.ran, self.armed = set(), self.policy.may_arm(self.verdict, torch.is_grad_enabled())
         if self.armed:
             self._check()
 
@@ -310,7 +254,7 @@ def _map_outputs(output, fn):
     return rebuild(output)
 
 
-def install(core, module: torch.nn.Module, params, policy: FrozenRelease):
+def install(core, module: torch.nn.Module, params, policy):
     """Registers every module that uses partitioned parameters with the coordinator and hooks every
     module. Returns the hooks' handles and whether some module holds partitioned frozen
     parameters."""
@@ -429,7 +373,7 @@ def _post_forward(module, args, output):
                 nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
             if during_backward:
                 verdict = policy.agree_now(nodes_run is not None) if policy.in_backward \
-                    else _Verdict()
+                    else _C.FrozenRelease.NEVER
             else:
                 verdict = policy.record(nodes_run is not None)
             if nodes_run is not None:
