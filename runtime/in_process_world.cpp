@@ -49,14 +49,22 @@ class RoundWork : public c10d::Work {
     if (isCompleted()) return true;
     std::unique_lock<std::mutex> lock(shared_->mu);
     auto& round = shared_->rounds[round_];
+    // c10d's 0 means "no timeout".
+    const auto limit = timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
     const bool all = shared_->changed.wait_for(
-        lock, timeout, [&] { return round.deposited == shared_->world_size; });
+        lock, limit, [&] { return round.deposited == shared_->world_size; });
     // c10d's message for a wait that ran out; CommWork polls again or reports the timeout.
     TORCH_CHECK(all, "Operation timed out!");
-    finish_(round.inputs);  // reads only the deposited copies: safe under the shared lock
+    std::exception_ptr error;
+    try {
+      finish_(round.inputs);  // reads only the deposited copies: safe under the shared lock
+    } catch (...) {
+      error = std::current_exception();  // ranks that disagree on sizes, say: their own error
+    }
     if (++round.finished == shared_->world_size) shared_->rounds.erase(round_);
     lock.unlock();
-    finish();
+    finish(error);  // completed either way, so CommWork reports the cause, not a timeout
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -76,7 +84,8 @@ class RecvWork : public c10d::Work {
     if (isCompleted()) return true;
     std::unique_lock<std::mutex> lock(shared_->mu);
     auto& box = shared_->mailbox[key_];
-    TORCH_CHECK(shared_->changed.wait_for(lock, timeout, [&] { return !box.empty(); }),
+    const auto limit = timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
+    TORCH_CHECK(shared_->changed.wait_for(lock, limit, [&] { return !box.empty(); }),
                 "Operation timed out!");
     out_.copy_(box.front());
     box.pop_front();
@@ -107,7 +116,8 @@ class InProcessBackend : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     at::Tensor t = single(tensors, "allreduce");
     const bool max = opts.reduceOp == c10d::ReduceOp::MAX;
-    ZS_REQUIRE(max || opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: allreduce supports SUM and MAX");
+    ZS_CHECK(max || opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: allreduce supports SUM and MAX, got reduce op ",
+             int(opts.reduceOp.op_));
     return deposit(t, [t, max](const std::vector<at::Tensor>& in) {
       at::Tensor acc = in[0].clone();
       for (size_t r = 1; r < in.size(); ++r) max ? acc = at::maximum(acc, in[r]) : acc.add_(in[r]);
@@ -133,7 +143,8 @@ class InProcessBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    ZS_REQUIRE(opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: reduce_scatter supports SUM");
+    ZS_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "in-process world: reduce_scatter supports SUM, got reduce op ",
+             int(opts.reduceOp.op_));
     at::Tensor out = output;
     const int64_t rank = getRank();
     return deposit(input, [out, rank](const std::vector<at::Tensor>& in) {
@@ -165,7 +176,7 @@ class InProcessBackend : public c10d::Backend {
 
  private:
   static at::Tensor single(const std::vector<at::Tensor>& tensors, const char* op) {
-    ZS_REQUIRE(tensors.size() == 1 && !tensors[0].is_cuda(), "in-process world: ", op,
+    ZS_CHECK(tensors.size() == 1 && !tensors[0].is_cuda(), "in-process world: ", op,
              " takes one CPU tensor");
     return tensors[0];
   }
@@ -218,8 +229,18 @@ void run_ranks(int world_size, const std::function<void(int)>& fn) {
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
+  // A rank's own error first: the others' are then the timeouts of waiting for it.
+  for (bool comm_errors : {false, true}) {
+    for (auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const CommError&) {
+        if (comm_errors) throw;
+      } catch (...) {
+        throw;
+      }
+    }
   }
 }
 

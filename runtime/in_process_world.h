@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <type_traits>
 #include <memory>
 #include <vector>
 
@@ -19,18 +20,16 @@ namespace zeroshard {
 std::vector<std::shared_ptr<Comm>> make_in_process_world(
     int world_size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-// Runs fn(rank, comm) on one thread per rank of a new world and returns when all have returned;
-// the first exception a rank threw (lowest rank first) is rethrown here. Catch2's assertions are
-// not thread-safe: return what to check and assert in the calling thread.
-template <typename T>
-std::vector<T> run_in_process_world(int world_size,
-                                    const std::function<T(int, std::shared_ptr<Comm>)>& fn);
-
+// Runs fn(rank) on one thread per rank and returns when all have returned. A rank's exception is
+// rethrown here, one that is not a CommError first (the others' are then timeouts of waiting for
+// it). Catch2's assertions are not thread-safe: return what to check, assert in the caller.
 void run_ranks(int world_size, const std::function<void(int)>& fn);
 
+// run_ranks over a new world: fn(rank, comm) for each rank, results by rank.
 template <typename T>
 std::vector<T> run_in_process_world(int world_size,
                                     const std::function<T(int, std::shared_ptr<Comm>)>& fn) {
+  static_assert(!std::is_same_v<T, bool>, "vector<bool> packs bits: ranks would race on one word");
   auto comms = make_in_process_world(world_size);
   std::vector<T> results(static_cast<size_t>(world_size));
   run_ranks(world_size, [&](int rank) { results[size_t(rank)] = fn(rank, comms[size_t(rank)]); });

@@ -19,6 +19,7 @@ class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& options);
   double scale() const { return scale_; }
+  const LossScalerOptions& options() const { return opt_; }
   // Records one optimizer step's overflow result and adapts the scale. Returns true when the step
   // must be skipped (an overflow: its gradients hold inf or nan).
   bool update(bool overflow);

@@ -172,7 +172,7 @@ nlohmann::json LrSchedule::state_dict() const {
 
 void LrSchedule::load_state_dict(const nlohmann::json& state) {
   if (!state.is_object() || !state.contains("last_batch_iteration") || !state["last_batch_iteration"].is_number_integer())
-    throw Error("LrSchedule::load_state_dict: expected {\"last_batch_iteration\": <int>}, got " + state.dump());
+    throw UsageError("LrSchedule::load_state_dict: expected {\"last_batch_iteration\": <int>}, got " + state.dump());
   // DeepSpeed restores only the counter; recomputing last_lrs keeps get_last_lr() consistent with it.
   set_last_batch_iteration(state["last_batch_iteration"].get<int64_t>());
 }

@@ -71,6 +71,22 @@ void TrainingState::load_state_dict(const nlohmann::json& state) {
   }
   const int64_t clean = count(scaler, "steps_since_overflow", "loss_scaler.");
   const int64_t hysteresis = count(scaler, "hysteresis_left", "loss_scaler.");
+  const LossScalerOptions& o = scaler_.options();
+  const double s = scale.get<double>();
+  if (!o.dynamic && s != o.static_scale) {
+    throw UsageError(detail::cat("training state: loss_scaler.scale: got ", s, ", but this run's ",
+                                 "loss scale is static at ", o.static_scale,
+                                 " (fp16 off, or fp16.loss_scale set)"));
+  }
+  if (o.dynamic && (s < o.min_scale || hysteresis > o.hysteresis)) {
+    throw UsageError(detail::cat("training state: loss_scaler: got scale ", s, " and hysteresis_left ",
+                                 hysteresis, ", expected a scale >= fp16.min_loss_scale (", o.min_scale,
+                                 ") and hysteresis_left <= fp16.hysteresis (", o.hysteresis, ")"));
+  }
+  if (skipped > global) {
+    throw UsageError(detail::cat("training state: skipped_steps: got ", skipped,
+                                 ", more than global_steps (", global, ")"));
+  }
   global_steps_ = global, micro_steps_ = micro, global_samples_ = samples, skipped_steps_ = skipped;
   group_steps_ = std::move(steps);
   scaler_.restore(scale.get<double>(), clean, hysteresis);

@@ -34,8 +34,10 @@ class TrainingState {
   // {"global_steps", "micro_steps", "global_samples", "skipped_steps", "group_steps": [...],
   //  "loss_scaler": {"scale", "steps_since_overflow", "hysteresis_left"}}.
   nlohmann::json state_dict() const;
-  // Every key above is required; a missing or mistyped one, or a group count that differs from
-  // this run's, is a UsageError that names it. Nothing changes unless all of it is valid.
+  // Every key above is required; a missing or mistyped one, a group count that differs from this
+  // run's, or a loss scaler this run's fp16 settings cannot have (another static scale, a dynamic
+  // one under fp16.min_loss_scale, more hysteresis than fp16.hysteresis) is a UsageError that
+  // names it. Nothing changes unless all of it is valid.
   void load_state_dict(const nlohmann::json& state);
 
  private:

@@ -264,13 +264,13 @@ StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t sa
     auto [overflow, sum_sq] = inspect_gradients();
     const bool skip = scaler.update(overflow);
     if (skip) {
-      state_.count_step(samples, false);
       // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
       if (overflow && scaler.at_minimum_after_overflow()) {
         throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
                                 "fp16.min_loss_scale (", scaler.scale(), "), so no step can be "
                                 "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
       }
+      state_.count_step(samples, false);
       r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
       zero_grad();
       return r;

@@ -84,7 +84,7 @@ void StagedReducer::grad_ready(int64_t index, const at::Tensor& grad) {
     Bucket& b = buckets_[size_t(id)];
     ZS_CHECK(b.state == Bucket::State::idle || b.state == Bucket::State::filling,
              "gradient reducer: bucket ", id, " of parameter ", index,
-             " is already being reduced (this is a bug, please report it)");
+             " is already being reduced");
     if (b.state == Bucket::State::idle) {
       b.buffer = acquire_buffer(b);
       // Zeroed: padding and parameters without a gradient contribute zeros.

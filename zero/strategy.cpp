@@ -5,7 +5,7 @@
 
 namespace zeroshard {
 
-std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
+void require_buildable(const ZeroConfig& config) {
   // Offload is asked for in the same block; until it is built, the refusal lives here, once.
   const std::string& optimizer = config.offload_optimizer.device;
   const std::string& param = config.offload_param.device;
@@ -14,6 +14,10 @@ std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
                                   optimizer, "'/'", param,
                                   "' is not available in this build yet; expected \"none\""));
   }
+}
+
+std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config) {
+  require_buildable(config);
   switch (config.stage) {
     case 0: return make_stage0();
     case 1: return make_stage1();

@@ -32,6 +32,9 @@ class ZeroStrategy {
   virtual void sync_params(FlatGroup& group, Comm& comm) = 0;
 };
 
+// Refuses what the zero_optimization block asks for and this build cannot do (offload), naming
+// the keys. The engine and zero.Init call it before they touch the model; make_strategy too.
+void require_buildable(const ZeroConfig& config);
 std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config);
 
 // One per stage file.

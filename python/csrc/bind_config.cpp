@@ -50,7 +50,7 @@ void bind_config(py::module_& m) {
            })
       .def("load_state_dict", [](LrSchedule& s, const py::dict& d) {
         if (!d.contains("last_batch_iteration"))
-          throw ConfigError("LrSchedule.load_state_dict: expected {\"last_batch_iteration\": int}");
+          throw UsageError("LrSchedule.load_state_dict: expected {\"last_batch_iteration\": int}");
         s.set_last_batch_iteration(d["last_batch_iteration"].cast<int64_t>());
       });
 }

@@ -118,7 +118,12 @@ void bind_runtime(py::module_& m) {
   // process: the C++ side may warn from any thread, until Python finalizes.
   auto* sink = new py::object(py::module_::import("zeroshard.log").attr("runtime_warning"));
   set_warning_sink([sink](const std::string& message) {
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) {
       std::fprintf(stderr, "[zeroshard] warning: %s\n", message.c_str());
       return;
     }
@@ -131,6 +136,8 @@ void bind_runtime(py::module_& m) {
   });
   // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
   // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
+  // zeroshard.log clears the sink at exit (atexit), before the interpreter starts finalizing.
+  m.def("clear_warning_sink", [] { set_warning_sink(nullptr); });
   m.def("zero3_chunk", [](int64_t numel, int64_t world_size, int64_t rank) {
         const ChunkLayout layout = make_chunk_layout({numel}, world_size);
         return std::make_pair(layout.chunks[0], layout.held_numel(0, rank));

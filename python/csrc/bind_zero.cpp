@@ -72,6 +72,8 @@ void bind_zero(py::module_& m) {
   // AccumulateGrad takes one): ZeRO-3's hooks bracket a module's forward with it.
   m.def("autograd_sequence_number", [] { return at::sequence_number::peek(); });
   // The config's optimizer block with its defaults, for the Python param_groups.
+  m.def("require_buildable", [](const std::shared_ptr<Config>& c) { require_buildable(c->zero_optimization); },
+        py::arg("config"));
   m.def("optimizer_config", [](const std::shared_ptr<Config>& c) { return optimizer_to_dict(c->optimizer); });
   // Fields of the config the Python engine reads directly.
   m.def("engine_settings", [](const std::shared_ptr<Config>& c) {

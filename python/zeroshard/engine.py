@@ -72,6 +72,7 @@ class ZeroShardEngine(torch.nn.Module):
         for note in self._config.notes:
             log_rank0(note, self.global_rank)
         log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
+        _C.require_buildable(self._config)  # before the model is touched
 
         self.device = comm_device()
         self.module = model.to(self.device)

@@ -1,4 +1,5 @@
 """The zeroshard logger: rank 0 prints by default; ZEROSHARD_LOG_ALL_RANKS=1 lets every rank speak."""
+import atexit
 import logging
 import os
 import sys
@@ -19,6 +20,16 @@ def all_ranks_log() -> bool:
 def runtime_warning(message: str) -> None:
     """The C++ runtime's warnings (runtime/log.h), which name their rank themselves."""
     logger.warning(f"warning: {message}")
+
+
+def _stop_runtime_warnings():
+    # At exit, before finalization: later C++ warnings go to stderr, never into a dying interpreter.
+    module = sys.modules.get("zeroshard._C")
+    if module is not None:
+        module.clear_warning_sink()
+
+
+atexit.register(_stop_runtime_warnings)
 
 
 def log_rank0(msg: str, rank: int) -> None:

@@ -40,6 +40,15 @@ def _bound():
     return names
 
 
+def test_the_stub_gives_each_exception_its_base():
+    stubbed = {node.name: [b.id for b in node.bases] for node in
+               ast.parse(open(STUB, encoding="utf-8").read()).body if isinstance(node, ast.ClassDef)}
+    for name in dir(_C):
+        obj = getattr(_C, name)
+        if inspect.isclass(obj) and issubclass(obj, BaseException):
+            assert stubbed[name] == [obj.__bases__[0].__name__], name
+
+
 def test_the_stub_names_exactly_what_the_module_binds():
     stub, bound = _stubbed(), _bound()
     assert sorted(stub) == sorted(bound)

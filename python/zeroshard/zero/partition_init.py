@@ -138,13 +138,11 @@ def _all_subclasses(cls):
 
 def _config_dtype(config):
     """The model dtype a ds_config asks for (DeepSpeed's zero.Init takes it from there when no
-    dtype is given); refuses parameter offload, which zeroshard does not implement yet."""
+    dtype is given); refuses what the engine would refuse (offload) with the engine's check."""
     from zeroshard.config import load_config
-    settings = _C.engine_settings(load_config(config=config))
-    if settings["offload_param"] != "none":
-        raise ValueError("zero.Init: zero_optimization.offload_param.device is "
-                         f"\"{settings['offload_param']}\"; parameter offload is not implemented "
-                         "yet, expected \"none\"")
+    parsed = load_config(config=config)
+    _C.require_buildable(parsed)
+    settings = _C.engine_settings(parsed)
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[settings["precision"]]
 
 

@@ -46,10 +46,14 @@ TEST_CASE("a state_dict round trip continues the loss scaler where it was") {
   b.scaler().update(false);
   REQUIRE(b.scaler().scale() == 2048.0);
   REQUIRE(a.scaler().scale() == b.scaler().scale());
-  // And one overflow with the hysteresis spent halves both.
-  TrainingState c(dynamic_scaler(), 1);
-  c.load_state_dict(a.state_dict());
-  REQUIRE(c.scaler().hysteresis_left() == a.scaler().hysteresis_left());
+  // Doubling refilled the hysteresis (2): the first overflow spends it, the second halves both.
+  a.scaler().update(true);
+  b.scaler().update(true);
+  REQUIRE(b.scaler().scale() == 2048.0);
+  a.scaler().update(true);
+  b.scaler().update(true);
+  REQUIRE(b.scaler().scale() == 1024.0);
+  REQUIRE(a.scaler().scale() == b.scaler().scale());
 }
 
 TEST_CASE("a state that does not fit this run is refused with the key, and changes nothing") {
@@ -66,6 +70,16 @@ TEST_CASE("a state that does not fit this run is refused with the key, and chang
   auto scale = before;
   scale["loss_scaler"]["scale"] = -1;
   REQUIRE_THROWS_WITH(s.load_state_dict(scale), Catch::Contains("loss_scaler.scale: got -1"));
+  auto static_scale = before;
+  static_scale["loss_scaler"]["scale"] = 65536.0;
+  TrainingState fixed(LossScalerOptions{false, 1.0}, 2);  // fp16 off: the scale stays 1
+  REQUIRE_THROWS_WITH(fixed.load_state_dict(static_scale), Catch::Contains("static at 1"));
+  auto small = before;
+  small["loss_scaler"]["scale"] = 0.5;
+  REQUIRE_THROWS_WITH(s.load_state_dict(small), Catch::Contains("fp16.min_loss_scale (1)"));
+  auto skipped = before;
+  skipped["skipped_steps"] = 5;
+  REQUIRE_THROWS_WITH(s.load_state_dict(skipped), Catch::Contains("more than global_steps (1)"));
   auto negative = before;
   negative["global_steps"] = -3;
   REQUIRE_THROWS_WITH(s.load_state_dict(negative), Catch::Contains("global_steps: got -3"));

@@ -76,7 +76,8 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
       }
       opt.after_backward(boundary);
     }
-    REQUIRE(opt.step({h}, comm->world_size()).applied);
+    // Asserted in the calling thread: a step not applied leaves the values the reference rejects.
+    opt.step({h}, comm->world_size());
   }
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_value(int64_t(i), "fp32_param"));
