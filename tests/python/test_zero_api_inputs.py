@@ -203,3 +203,17 @@ def group_worker():
 
 def test_a_world_the_rank_is_not_part_of_is_named():
     run_distributed(group_worker, 2)
+
+
+def refused_config_worker():
+    import zeroshard
+    model = nn.Linear(2, 2)
+    cfg = _config(2, "bf16")
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    with pytest.raises(ValueError, match="offload_optimizer/offload_param: device 'cpu'/'none'"):
+        zeroshard.initialize(model=model, config=cfg)
+    assert model.weight.dtype == torch.float32  # refused before the engine cast anything
+
+
+def test_a_refused_config_leaves_the_model_as_it_was():
+    run_distributed(refused_config_worker, 1)
