@@ -38,6 +38,15 @@ struct Shared {
   std::map<std::tuple<int, int, int>, std::deque<at::Tensor>> mailbox;  // (src, dst, tag)
 };
 
+// Waits on the shared state until `ready`; c10d's timeout 0 means none. Running out is c10d's
+// "Operation timed out!", after which CommWork polls again or reports the timeout.
+template <typename Ready>
+void wait_for(Shared& shared, std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
+              Ready ready) {
+  const auto limit = timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
+  TORCH_CHECK(shared.changed.wait_for(lock, limit, ready), "Operation timed out!");
+}
+
 // One rank's side of one collective: `finish_op` runs once every rank has deposited.
 class RoundWork : public c10d::Work {
  public:
@@ -49,12 +58,7 @@ class RoundWork : public c10d::Work {
     if (isCompleted()) return true;
     std::unique_lock<std::mutex> lock(shared_->mu);
     auto& round = shared_->rounds[round_];
-    // c10d's 0 means "no timeout".
-    const auto limit = timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
-    const bool all = shared_->changed.wait_for(
-        lock, limit, [&] { return round.deposited == shared_->world_size; });
-    // c10d's message for a wait that ran out; CommWork polls again or reports the timeout.
-    TORCH_CHECK(all, "Operation timed out!");
+    wait_for(*shared_, lock, timeout, [&] { return round.deposited == shared_->world_size; });
     std::exception_ptr error;
     try {
       finish_(round.inputs);  // reads only the deposited copies: safe under the shared lock
@@ -84,9 +88,7 @@ class RecvWork : public c10d::Work {
     if (isCompleted()) return true;
     std::unique_lock<std::mutex> lock(shared_->mu);
     auto& box = shared_->mailbox[key_];
-    const auto limit = timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
-    TORCH_CHECK(shared_->changed.wait_for(lock, limit, [&] { return !box.empty(); }),
-                "Operation timed out!");
+    wait_for(*shared_, lock, timeout, [&] { return !box.empty(); });
     out_.copy_(box.front());
     box.pop_front();
     lock.unlock();

@@ -5,10 +5,12 @@ where the state is sharded); a setter broadcasts rank 0's value and each rank ke
 every rank must call them, in the same order."""
 import torch
 
+from zeroshard.zero.partition_init import partitioned_before_engine
+
 
 def _owner(param):
     core = getattr(param, "_zeroshard_core", None)
-    if core is None and hasattr(param, "ds_shape"):
+    if partitioned_before_engine(param):
         # Partitioned by zero.Init: only a chunk exists until an engine takes it.
         raise ValueError(f"zeroshard.utils: parameter ds_id {param.ds_id} (shape "
                          f"{tuple(param.ds_shape)}) was partitioned by zero.Init and no engine "

@@ -72,21 +72,26 @@ class _ModuleHooks:
         if self.module_id is not None and self.starts is None and self.core.holds_frozen(self.module_id):
             self.starts = []
 
+    def _id(self):
+        return -1 if self.module_id is None else self.module_id  # -1: the coordinator numbers it
+
     def _joined(self, module_id):
-        if module_id >= 0 and self.module_id is None:
-            self.module_id = module_id
-        self._track_frozen()
+        # Only a parameter that joined can make the module hold frozen ones.
+        if module_id >= 0:
+            if self.module_id is None:
+                self.module_id = module_id
+            self._track_frozen()
 
     def read(self, index):
         """A partitioned parameter read in this module's forward: the coordinator decides whether
         it becomes this module's external parameter."""
-        self._joined(self.core.read_in_forward(-1 if self.module_id is None else self.module_id, index))
+        self._joined(self.core.read_in_forward(self._id(), index))
 
     def add_external(self, index):
         if any(h is self for h in _RUNNING):
             self.read(index)  # gathered now if no running module holds it
         else:
-            self._joined(self.core.add_external(-1 if self.module_id is None else self.module_id, index))
+            self._joined(self.core.add_external(self._id(), index))
 
 
 def _nothing():
