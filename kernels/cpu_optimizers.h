@@ -56,6 +56,23 @@ struct LionParams {
   float weight_decay = 0.0f;
 };
 
+// DeepSpeed's FusedLamb: Adam's moments, then a per-tensor trust ratio ||w|| / ||update||
+// (clamped to [min_coeff, max_coeff]; 1 when either norm is 0) scales the step. The norms are of
+// the whole tensor, so a sharded tensor's pieces are summed across ranks between the two phases.
+struct LambParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool bias_correction = true;
+  bool eps_inside_sqrt = false;  // sqrt(v + eps) instead of sqrt(v) + eps
+  float max_coeff = 10.0f;
+  float min_coeff = 0.01f;
+  int64_t step = 1;
+  float grad_scale = 1.0f;       // as AdamParams::grad_scale
+};
+
 struct GradStats;
 
 // grad is read only; param and the state arrays are updated in place. n may be 0.
@@ -75,6 +92,17 @@ Status adagrad_step(float* param, const float* grad, float* sum, int64_t n, cons
                     HalfOut param16 = {});
 Status lion_step(float* param, const float* grad, float* exp_avg, int64_t n, const LionParams& p,
                  HalfOut param16 = {});
+
+// Lamb's first phase: updates the moments from the gradient and adds this piece's sum of
+// squares of the parameters (before the update) to *w_sq and of the update direction to *u_sq.
+Status lamb_moments(const float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                    int64_t n, const LambParams& p, double* w_sq, double* u_sq);
+// The trust ratio of a whole tensor from its global sums of squares.
+float lamb_trust_ratio(double w_sq, double u_sq, const LambParams& p);
+// Lamb's second phase: param -= step_size * trust_ratio * update, with the moments as left by
+// lamb_moments.
+Status lamb_apply(float* param, const float* exp_avg, const float* exp_avg_sq, int64_t n,
+                  const LambParams& p, float trust_ratio, HalfOut param16 = {});
 
 // One read of the gradients: the sum of squares (accumulated in double) for the global norm, and
 // whether every element is finite (for the loss scaler). Squares of finite fp32 values cannot

@@ -203,6 +203,53 @@ void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor m, const ker
   write_half(param, param16);
 }
 
+namespace {
+// Lamb's update direction in ATen math (tensors other than CPU ones), as the CPU kernel computes it.
+at::Tensor lamb_update(const at::Tensor& param, const at::Tensor& m, const at::Tensor& v,
+                       const kernels::LambParams& p) {
+  const at::Tensor denom = p.eps_inside_sqrt ? v.add(p.eps).sqrt_() : v.sqrt().add_(p.eps);
+  return m.div(denom).add_(param, p.weight_decay);
+}
+}  // namespace
+
+void lamb_moments(const at::Tensor& param, const at::Tensor& grad, at::Tensor m, at::Tensor v,
+                  const kernels::LambParams& p, double* w_sq, double* u_sq) {
+  check(param, param, "lamb_moments", "param");
+  check(grad, param, "lamb_moments", "grad");
+  check(m, param, "lamb_moments", "exp_avg");
+  check(v, param, "lamb_moments", "exp_avg_sq");
+  if (param.is_cpu()) {
+    ok(kernels::lamb_moments(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
+                             v.data_ptr<float>(), param.numel(), p, w_sq, u_sq), "lamb_moments");
+    return;
+  }
+  const at::Tensor g = grad.mul(p.grad_scale);
+  m.mul_(p.beta1).add_(g, 1.0 - p.beta1);
+  v.mul_(p.beta2).addcmul_(g, g, 1.0 - p.beta2);
+  *w_sq += param.to(at::kDouble).pow(2).sum().item<double>();
+  *u_sq += lamb_update(param, m, v, p).to(at::kDouble).pow(2).sum().item<double>();
+}
+
+void lamb_apply(at::Tensor param, const at::Tensor& m, const at::Tensor& v,
+                const kernels::LambParams& p, float trust_ratio, const at::Tensor& param16) {
+  check(param, param, "lamb_apply", "param");
+  check(m, param, "lamb_apply", "exp_avg");
+  check(v, param, "lamb_apply", "exp_avg_sq");
+  const kernels::HalfOut out = half_out(param16, param, "lamb_apply");
+  if (param.is_cpu()) {
+    ok(kernels::lamb_apply(param.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                           param.numel(), p, trust_ratio, out), "lamb_apply");
+    return;
+  }
+  double step_size = p.lr;
+  if (p.bias_correction) {
+    step_size = p.lr * std::sqrt(1.0 - std::pow(double(p.beta2), double(p.step))) /
+                (1.0 - std::pow(double(p.beta1), double(p.step)));
+  }
+  param.sub_(lamb_update(param, m, v, p), float(step_size) * trust_ratio);
+  write_half(param, param16);
+}
+
 kernels::GradStats grad_stats(const at::Tensor& grad) {
   check(grad, grad, "grad_stats", "grad", /*allow_half=*/true);
   kernels::GradStats st;

@@ -22,6 +22,14 @@ void adagrad_step(at::Tensor param, const at::Tensor& grad, at::Tensor sum,
 void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg,
                const kernels::LionParams& p, const at::Tensor& param16 = {});
 
+// Lamb's two phases (kernels/cpu_optimizers.h): lamb_moments updates the moments and adds the
+// piece's sums of squares of the parameters and of the update to *w_sq and *u_sq; lamb_apply
+// steps with the whole tensor's trust ratio (kernels::lamb_trust_ratio).
+void lamb_moments(const at::Tensor& param, const at::Tensor& grad, at::Tensor exp_avg,
+                  at::Tensor exp_avg_sq, const kernels::LambParams& p, double* w_sq, double* u_sq);
+void lamb_apply(at::Tensor param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                const kernels::LambParams& p, float trust_ratio, const at::Tensor& param16 = {});
+
 // One read of a gradient (fp32, bf16 or fp16): sum of squares in double and whether all finite.
 kernels::GradStats grad_stats(const at::Tensor& grad);
 

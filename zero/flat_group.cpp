@@ -10,25 +10,6 @@
 
 namespace zeroshard {
 
-OptimizerKind optimizer_kind(const std::string& t) {
-  if (t == "Adam" || t == "AdamW") return OptimizerKind::adam;
-  if (t == "SGD") return OptimizerKind::sgd;
-  if (t == "Adagrad") return OptimizerKind::adagrad;
-  if (t == "Lion") return OptimizerKind::lion;
-  throw ConfigError(detail::cat("optimizer.type: got \"", t,
-                                "\", expected one of Adam, AdamW, SGD, Adagrad, Lion"));
-}
-
-std::vector<std::string> optimizer_state_names(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::adam: return {"exp_avg", "exp_avg_sq"};
-    case OptimizerKind::sgd: return {"momentum_buffer"};
-    case OptimizerKind::adagrad: return {"sum"};
-    case OptimizerKind::lion: return {"exp_avg"};
-  }
-  return {};
-}
-
 FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec,
                      MemoryAccount& memory)
     : rank_(spec.rank),
@@ -56,14 +37,10 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   layout_ = make_flat_layout(numels, world, spec.alignment_numel);
   chunks_ = make_chunk_layout(numels, world);
   const auto opts = params[0].options().dtype(spec.model_dtype);
-  const auto fp32 = params[0].options().dtype(at::kFloat);
-  // Frozen parameters need no fp32 copy: nothing updates them.
-  const bool mixed = spec.model_dtype != at::kFloat && trainable_;
   // Zero-filled so padding never carries garbage into norms or collectives.
   if (partitioned_) {
     owned_ = {0, chunks_.shard_numel};
     params_ = at::zeros({owned_.numel()}, opts);
-    if (mixed) master_ = at::zeros({owned_.numel()}, fp32);
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t held = chunks_.held_numel(int64_t(i), rank);
       if (held == 0) continue;
@@ -72,7 +49,6 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       at::Tensor mine = is_chunk(i) ? params[i].reshape(-1).narrow(0, 0, held)
                                     : params[i].reshape(-1).narrow(0, rank * chunks_.chunks[i], held);
       params_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
-      if (mixed) master_.narrow(0, chunks_.local_offsets[i], held).copy_(mine);
     }
   } else {
     owned_ = spec.shard_state ? shard_range(layout_.padded_numel, rank, world)
@@ -81,14 +57,6 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
     for (size_t i = 0; i < params.size(); ++i) {
       params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
     }
-    if (mixed) {
-      // Master weights seeded from the caller's fp32 values, not from the rounded 16-bit copy.
-      master_ = at::zeros({owned_.numel()}, fp32);
-      for (const auto& piece : intersect(layout_, owned_)) {
-        master_.narrow(0, piece.buffer_begin - owned_.begin, piece.numel)
-            .copy_(params[piece.index].reshape(-1).narrow(0, piece.tensor_begin, piece.numel));
-      }
-    }
   }
   grad_options_ = opts;
   if (partitioned_) {
@@ -96,34 +64,15 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   } else {
     grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
   }
-  state_count_ = int64_t(optimizer_state_names(spec.kind).size());
-  state_fill_ = spec.kind == OptimizerKind::adagrad ? spec.initial_accumulator_value : 0.0;
-
   accounted_[0] = params_.nbytes();
   accounted_[1] = grads_.defined() ? grads_.nbytes() : 0;
-  accounted_[2] = master_.defined() ? master_.nbytes() : 0;
   memory_.add(MemoryCategory::parameters, accounted_[0]);
   memory_.add(MemoryCategory::gradients, accounted_[1]);
-  memory_.add(MemoryCategory::master_weights, accounted_[2]);
-}
-
-std::vector<at::Tensor>& FlatGroup::state() {
-  if (int64_t(state_.size()) < state_count_) {
-    const auto fp32 = params_.options().dtype(at::kFloat);
-    for (int64_t i = 0; i < state_count_; ++i) {
-      state_.push_back(at::full({owned_.numel()}, state_fill_, fp32));
-      accounted_[3] += state_.back().nbytes();
-    }
-    memory_.add(MemoryCategory::optimizer_state, accounted_[3]);
-  }
-  return state_;
 }
 
 FlatGroup::~FlatGroup() {
   memory_.release(MemoryCategory::parameters, accounted_[0]);
   memory_.release(MemoryCategory::gradients, accounted_[1]);
-  memory_.release(MemoryCategory::master_weights, accounted_[2]);
-  memory_.release(MemoryCategory::optimizer_state, accounted_[3]);
 }
 
 std::vector<at::Tensor> FlatGroup::views(const at::Tensor& flat) const {
@@ -216,13 +165,14 @@ void FlatGroup::write_tensor(int64_t i, const at::Tensor& full) {
   const at::Tensor flat = full.reshape(-1);
   ZS_CHECK(flat.numel() == layout_.numels[size_t(i)], "FlatGroup::write_tensor: ", flat.numel(),
            " values for tensor ", i, " of ", layout_.numels[size_t(i)], " elements");
-  if (!partitioned_) params_.narrow(0, layout_.offsets[size_t(i)], flat.numel()).copy_(flat);
+  if (!partitioned_) {
+    params_.narrow(0, layout_.offsets[size_t(i)], flat.numel()).copy_(flat);
+    return;
+  }
   const auto piece = owned_piece(i);
   if (!piece) return;
-  const at::Tensor mine = flat.narrow(0, piece->tensor_begin, piece->numel);
   // Stage 3's owned range starts at the chunk shard's start: buffer offsets index params_ too.
-  if (partitioned_) params_.narrow(0, piece->buffer_begin, piece->numel).copy_(mine);
-  if (master_.defined()) master_.narrow(0, piece->buffer_begin, piece->numel).copy_(mine);
+  params_.narrow(0, piece->buffer_begin, piece->numel).copy_(flat.narrow(0, piece->tensor_begin, piece->numel));
 }
 
 std::optional<Intersection> FlatGroup::owned_piece(int64_t i) const {
@@ -255,10 +205,6 @@ void FlatGroup::copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) c
       dst.zero_();
     }
   }
-}
-
-at::Tensor FlatGroup::master() const {
-  return master_.defined() ? master_ : params_.narrow(0, owned_.begin, owned_.numel());
 }
 
 

@@ -1,6 +1,8 @@
-// One parameter group flattened into contiguous buffers: the model-dtype parameters (the module's
-// parameters become views into it), the gradients (param.grad become views too), and the owned
-// range's fp32 master copy and optimizer state. Stage strategies decide which range a rank owns.
+// One parameter group's storage, flattened into contiguous buffers: the model-dtype parameters
+// (the module's parameters become views into it, or at stage 3 this rank's chunks of them) and the
+// gradients (param.grad become views too). The owned range's fp32 master values and optimizer
+// state are the group's OptimizerShard (optimizer_shard.h). Stage strategies decide which range a
+// rank owns.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -15,15 +17,9 @@
 
 namespace zeroshard {
 
-enum class OptimizerKind { adam, sgd, adagrad, lion };
-
 // A tensor's full shape when the caller passes only this rank's ZeRO-3 chunk of it (built under
 // zero.Init); nullopt when the tensor is whole.
 using ChunkedShape = std::optional<std::vector<int64_t>>;
-
-OptimizerKind optimizer_kind(const std::string& canonical_type);
-// torch.optim's names for the optimizer's state tensors, in FlatGroup::state() order.
-std::vector<std::string> optimizer_state_names(OptimizerKind kind);
 
 // How a group is laid out and what each rank keeps; the stage strategy decides.
 struct GroupSpec {
@@ -34,11 +30,9 @@ struct GroupSpec {
   bool shard_state = false;       // stages 1-3: master weights and optimizer state are sharded
   bool full_grads = true;         // stages 0-1: full flat gradients; else only the owned shard
   bool partition_params = false;  // stage 3: only this rank's chunks of each parameter are kept
-  // false: frozen parameters (stage 3 partitions them too): chunks only, no gradients, no master
-  // copy, no optimizer state.
+  // false: frozen parameters (stage 3 partitions them too): chunks only, no gradients (and no
+  // optimizer shard).
   bool trainable = true;
-  OptimizerKind kind = OptimizerKind::adam;
-  double initial_accumulator_value = 0.0;
   // zero.Init: empty, or one entry per tensor: the full shape of a tensor passed in as this
   // rank's chunk, nullopt for one passed whole (created outside zero.Init).
   std::vector<ChunkedShape> prechunked_shapes;
@@ -46,9 +40,8 @@ struct GroupSpec {
 
 class FlatGroup {
  public:
-  // `params` are the group's tensors: trainable ones in fp32 (their values seed the master copy),
-  // frozen ones in any floating dtype; the buffers are created in spec.model_dtype on the params'
-  // device. `owned()` is the range of the buffer whose optimizer state lives on this rank: a
+  // `params` are the group's tensors (trainable ones in fp32, frozen ones in any floating dtype);
+  // the buffers are created in spec.model_dtype on the params' device. `owned()` is the range of the buffer whose optimizer state lives on this rank: a
   // slice of the padded flat buffer (stages 0-2), or this rank's whole chunk shard (stage 3, see
   // ChunkLayout).
   FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec, MemoryAccount& memory);
@@ -64,6 +57,8 @@ class FlatGroup {
   const std::vector<int64_t>& shape(int64_t i) const { return shapes_[size_t(i)]; }
   ShardRange owned() const { return owned_; }
   at::Tensor params() const { return params_; }
+  // The parameters of the owned range (a slice at stages 0-2, the whole chunk shard at stage 3).
+  at::Tensor owned_params() const { return params_.narrow(0, owned_.begin, owned_.numel()); }
   // The full flat gradient buffer (full_grads), or the owned shard's gradients (stage 2).
   at::Tensor grads() const { return grads_; }
   bool full_grads() const { return full_grads_; }
@@ -91,18 +86,9 @@ class FlatGroup {
   // (grad views only with full_grads).
   std::vector<at::Tensor> param_views() const;
   std::vector<at::Tensor> grad_views() const;
-  // fp32 values of the owned range: the master copy, or the owned slice of the fp32 params.
-  at::Tensor master() const;
   // Takes tensor i's full values (edited by the user) into the parameters, whole (stages 0-2) or
-  // this rank's chunk (stage 3), and into the master weights this rank owns.
+  // this rank's chunk (stage 3). The owner of the group's OptimizerShard updates its master too.
   void write_tensor(int64_t i, const at::Tensor& full);
-  // The optimizer state of the owned range, created (and accounted) on first use, that is at the
-  // first optimizer step, as torch.optim does: until then the caller's original parameter tensors
-  // are usually still alive, and creating the state with them would raise the set-up peak above
-  // the training steady state.
-  std::vector<at::Tensor>& state();
-  bool has_state() const { return !state_.empty(); }
-  bool mixed_precision() const { return master_.defined(); }
   // The elements of tensor i that this rank owns, with buffer_begin relative to the owned range:
   // where its flat range meets the owned slice (stages 0-2), or its chunk (stage 3); nullopt
   // when it owns none.
@@ -130,12 +116,8 @@ class FlatGroup {
   at::TensorOptions grad_options_;
   std::vector<int64_t> segment_begins_;   // stage 3
   std::vector<at::Tensor> segments_;
-  at::Tensor master_;
-  std::vector<at::Tensor> state_;
-  int64_t state_count_;
-  double state_fill_;
   MemoryAccount& memory_;
-  int64_t accounted_[4] = {0, 0, 0, 0};
+  int64_t accounted_[2] = {0, 0};  // parameters, gradients
 };
 
 }  // namespace zeroshard

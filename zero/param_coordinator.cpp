@@ -16,8 +16,9 @@ constexpr int64_t kDirectGatherNumel = int64_t(1) << 20;
 }  // namespace
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                                   const ZeroConfig& config, MemoryAccount& memory)
-    : groups_(std::move(groups)), comm_(std::move(comm)),
+                                   const ZeroConfig& config, MemoryAccount& memory,
+                                   WriteValues write_values)
+    : groups_(std::move(groups)), write_values_(std::move(write_values)), comm_(std::move(comm)),
       persistence_threshold_(config.stage3_param_persistence_threshold),
       prefetch_numel_(config.stage3_prefetch_bucket_size),
       max_live_numel_(config.stage3_max_live_parameters),
@@ -326,14 +327,23 @@ void ParamCoordinator::write_back(int64_t param_index, int modifier_rank) {
                      detail::cat("GatheredParameters: parameter ", param_index, " from rank ", modifier_rank))
         .wait();
   }
-  groups_[size_t(p.group)]->write_tensor(p.index, values);
+  write(param_index, values);
+}
+
+void ParamCoordinator::write(int64_t param_index, const at::Tensor& full) {
+  if (write_values_) {
+    write_values_(param_index, full);
+  } else {
+    const Param& p = params_.at(size_t(param_index));
+    groups_[size_t(p.group)]->write_tensor(p.index, full);
+  }
 }
 
 void ParamCoordinator::overwrite(int64_t param_index, const at::Tensor& full) {
   Param& p = params_.at(size_t(param_index));
   // A gather in flight would publish the old values over the new ones when it lands.
   if (p.in_flight >= 0) complete_gather(p.in_flight);
-  groups_[size_t(p.group)]->write_tensor(p.index, full);
+  write(param_index, full);
   if (p.gathered) p.tensor.detach().copy_(full.view(p.tensor.sizes()));
 }
 

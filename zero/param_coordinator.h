@@ -28,6 +28,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -42,8 +43,11 @@ namespace zeroshard {
 
 class ParamCoordinator {
  public:
+  // Writes a parameter's full value (global index) into its group's storage and wherever else it
+  // is kept (the optimizer shard's master); null: the storage only.
+  using WriteValues = std::function<void(int64_t param_index, const at::Tensor& full)>;
   ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                   const ZeroConfig& config, MemoryAccount& memory);
+                   const ZeroConfig& config, MemoryAccount& memory, WriteValues write_values = nullptr);
   ~ParamCoordinator();
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
@@ -112,6 +116,8 @@ class ParamCoordinator {
   }
 
  private:
+  // A parameter's full value into its storage (write_values_, or the group alone).
+  void write(int64_t param_index, const at::Tensor& full);
   // Finishes prefetches and releases everything not persistent (release_all, abandon_iteration).
   void release_gathered();
   // Finishes prefetches and drops what nothing references (end_forward, abandon_forward).
@@ -182,6 +188,7 @@ class ParamCoordinator {
   void check_module(int64_t module_id) const;
 
   std::vector<FlatGroup*> groups_;
+  WriteValues write_values_;
   std::shared_ptr<Comm> comm_;
   int64_t persistence_threshold_, prefetch_numel_, max_live_numel_, reuse_distance_numel_;
   MemoryAccount& memory_;

@@ -8,6 +8,7 @@
 
 #include "python/csrc/bindings.h"
 #include "runtime/comm.h"
+#include "runtime/initial_sync.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/shard.h"
@@ -160,6 +161,16 @@ void bind_runtime(py::module_& m) {
       .def("reset_peaks", &MemoryAccount::reset_peaks)
       .def_property_readonly("total_bytes", &MemoryAccount::total_bytes)
       .def("summary", &MemoryAccount::summary);
+
+  // The start of a run (runtime/initial_sync.h): the engine's buffers and frozen parameters.
+  m.def("broadcast_from_rank0",
+        [](const std::shared_ptr<Comm>& comm, const std::vector<at::Tensor>& tensors,
+           const std::vector<std::string>& names, const std::string& label, int64_t bucket_numel) {
+          broadcast_from_rank0(*comm, tensors, names, label, bucket_numel);
+        },
+        py::arg("comm"), py::arg("tensors"), py::arg("names"), py::arg("label"),
+        py::arg("bucket_numel") = 0,
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace zeroshard::python

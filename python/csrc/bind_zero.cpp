@@ -12,58 +12,71 @@ namespace py = pybind11;
 namespace zeroshard::python {
 
 namespace {
-GroupHyper hyper_from_dict(const py::dict& d) {
+// A param_group dict's values for the keys the optimizer's table row reads (optim/table.h); a
+// key the dict lacks keeps GroupHyper's initializer.
+GroupHyper hyper_from_dict(const py::dict& d, const OptimizerRow& row) {
   GroupHyper h;
-  auto get = [&](const char* k, double dflt) {
-    if (!d.contains(k)) return dflt;
+  auto number = [&](const std::string& k) {
     try {
-      return d[k].cast<double>();
+      return d[k.c_str()].cast<double>();
     } catch (const py::cast_error&) {
       throw ConfigError(detail::cat("optimizer.param_groups[...][\"", k, "\"]: got ",
-                                    py::str(d[k]).cast<std::string>(), ", expected a number"));
+                                    py::str(d[k.c_str()]).cast<std::string>(), ", expected a number"));
     }
   };
-  h.lr = get("lr", h.lr);
-  h.weight_decay = get("weight_decay", h.weight_decay);
-  if (d.contains("betas")) {
-    auto b = d["betas"].cast<std::pair<double, double>>();
-    h.beta1 = b.first;
-    h.beta2 = b.second;
+  for (const std::string& k : row.group_keys) {
+    if (!d.contains(k.c_str())) continue;
+    if (k == "betas") {
+      const auto b = d["betas"].cast<std::pair<double, double>>();
+      h.beta1 = b.first;
+      h.beta2 = b.second;
+    } else if (k == "nesterov") {
+      h.nesterov = d["nesterov"].cast<bool>();
+    } else {
+      double* field = k == "lr" ? &h.lr : k == "weight_decay" ? &h.weight_decay : k == "eps" ? &h.eps
+                    : k == "momentum" ? &h.momentum : k == "dampening" ? &h.dampening
+                    : k == "lr_decay" ? &h.lr_decay : k == "max_coeff" ? &h.max_coeff
+                    : k == "min_coeff" ? &h.min_coeff : nullptr;
+      ZS_CHECK(field, "hyper_from_dict: no GroupHyper field for the table's key \"", k, "\"");
+      *field = number(k);
+    }
   }
-  h.eps = get("eps", h.eps);
-  h.momentum = get("momentum", h.momentum);
-  h.dampening = get("dampening", h.dampening);
-  h.nesterov = d.contains("nesterov") && d["nesterov"].cast<bool>();
-  h.lr_decay = get("lr_decay", h.lr_decay);
   return h;
 }
-OptimizerConfig optimizer_from_dict(const py::dict& d) {
+
+// The param_group values a group starts with from the config's optimizer block: the row's keys.
+py::dict group_defaults(const OptimizerConfig& o) {
+  const GroupHyper& h = o.hyper;
+  py::dict d;
+  for (const std::string& k : optimizer_row(o.type).group_keys) {
+    if (k == "betas") d["betas"] = py::make_tuple(h.beta1, h.beta2);
+    else if (k == "nesterov") d["nesterov"] = h.nesterov;
+    else if (k == "lr") d["lr"] = h.lr;
+    else if (k == "weight_decay") d["weight_decay"] = h.weight_decay;
+    else if (k == "eps") d["eps"] = h.eps;
+    else if (k == "momentum") d["momentum"] = h.momentum;
+    else if (k == "dampening") d["dampening"] = h.dampening;
+    else if (k == "lr_decay") d["lr_decay"] = h.lr_decay;
+    else if (k == "max_coeff") d["max_coeff"] = h.max_coeff;
+    else if (k == "min_coeff") d["min_coeff"] = h.min_coeff;
+    else ZS_CHECK(false, "group_defaults: no GroupHyper field for the table's key \"", k, "\"");
+  }
+  return d;
+}
+
+// What a client torch optimizer maps to (python/zeroshard/optimizer.py): its type and fixed
+// settings; its hyperparameters come with its param_groups.
+OptimizerConfig client_optimizer(const py::dict& d) {
   OptimizerConfig o;
   o.present = true;
   o.type = d["type"].cast<std::string>();
+  optimizer_row(o.type);  // a ConfigError naming the types for any other
   if (d.contains("adam_w_mode")) o.adam_w_mode = d["adam_w_mode"].cast<bool>();
   if (d.contains("bias_correction")) o.bias_correction = d["bias_correction"].cast<bool>();
+  if (d.contains("eps_inside_sqrt")) o.eps_inside_sqrt = d["eps_inside_sqrt"].cast<bool>();
   if (d.contains("initial_accumulator_value"))
     o.initial_accumulator_value = d["initial_accumulator_value"].cast<double>();
   return o;
-}
-
-py::dict optimizer_to_dict(const OptimizerConfig& o) {
-  py::dict d;
-  d["present"] = o.present;
-  d["type"] = o.type;
-  d["lr"] = o.lr;
-  d["betas"] = py::make_tuple(o.beta1, o.beta2);
-  d["eps"] = o.eps;
-  d["weight_decay"] = o.weight_decay;
-  d["adam_w_mode"] = o.adam_w_mode;
-  d["bias_correction"] = o.bias_correction;
-  d["momentum"] = o.momentum;
-  d["dampening"] = o.dampening;
-  d["nesterov"] = o.nesterov;
-  d["lr_decay"] = o.lr_decay;
-  d["initial_accumulator_value"] = o.initial_accumulator_value;
-  return d;
 }
 }  // namespace
 
@@ -74,7 +87,18 @@ void bind_zero(py::module_& m) {
   // The config's optimizer block with its defaults, for the Python param_groups.
   m.def("require_buildable", [](const std::shared_ptr<Config>& c) { require_buildable(c->zero_optimization); },
         py::arg("config"));
-  m.def("optimizer_config", [](const std::shared_ptr<Config>& c) { return optimizer_to_dict(c->optimizer); });
+  m.def("optimizer_config", [](const std::shared_ptr<Config>& c) {
+    py::dict d;
+    d["present"] = c->optimizer.present;
+    if (c->optimizer.present) {
+      d["type"] = c->optimizer.type;
+      d["group_defaults"] = group_defaults(c->optimizer);
+    }
+    return d;
+  });
+  // The optimizer table's types and each one's param_group keys (optim/table.h).
+  m.def("optimizer_group_keys", [](const std::string& type) { return optimizer_row(type).group_keys; },
+        py::arg("type"));
   // Fields of the config the Python engine reads directly.
   m.def("engine_settings", [](const std::shared_ptr<Config>& c) {
     py::dict d;
@@ -122,6 +146,8 @@ void bind_zero(py::module_& m) {
       .def_property_readonly("micro_steps", &TrainingState::micro_steps)
       .def_property_readonly("global_samples", &TrainingState::global_samples)
       .def_property_readonly("skipped_steps", &TrainingState::skipped_steps)
+      // The factor backward multiplies the loss by (the fp16 loss scale; 1 without fp16).
+      .def_property_readonly("loss_scale", [](const TrainingState& s) { return s.scaler().scale(); })
       .def("count_micro_step", &TrainingState::count_micro_step)
       .def("state_dict", [](const TrainingState& s) {
         return py::module_::import("json").attr("loads")(s.state_dict().dump());
@@ -131,19 +157,73 @@ void bind_zero(py::module_& m) {
         s.load_state_dict(nlohmann::json::parse(text));
       }, py::arg("state"));
 
+  // What differs between stages (zero/strategy.h), as the engine asks it.
+  py::class_<ZeroStrategy>(m, "ZeroStrategy")
+      .def_property_readonly("stage", &ZeroStrategy::stage)
+      .def_property_readonly("keeps_full_grads", &ZeroStrategy::keeps_full_grads)
+      .def_property_readonly("partitions_params", &ZeroStrategy::partitions_params)
+      .def_property_readonly("shards_optimizer_state", &ZeroStrategy::shards_optimizer_state);
+
+  // DeepSpeed's safe_get_full_* / safe_set_full_* (zero/full_values.h).
+  py::class_<FullValues>(m, "FullValues")
+      .def("get",
+           [](FullValues& f, int64_t index, const std::string& what) -> std::optional<at::Tensor> {
+             at::Tensor t;
+             {
+               py::gil_scoped_release release;
+               t = f.get(index, what);
+             }
+             if (!t.defined()) return std::nullopt;
+             return t;
+           },
+           py::arg("index"), py::arg("what"))
+      .def("set", &FullValues::set, py::arg("index"), py::arg("what"), py::arg("value"),
+           py::arg("src_rank") = 0, py::call_guard<py::gil_scoped_release>());
+
+  // Stage 3's parameter coordinator (zero/param_coordinator.h), driven by the engine's module hooks.
+  py::class_<ParamCoordinator>(m, "ParamCoordinator")
+      .def("attach", &ParamCoordinator::attach, py::arg("params"), py::call_guard<py::gil_scoped_release>())
+      .def("register_module", &ParamCoordinator::register_module, py::arg("module_id"),
+           py::arg("param_indices"))
+      .def("begin_forward", &ParamCoordinator::begin_forward, py::arg("grad_enabled"))
+      .def("end_forward", &ParamCoordinator::end_forward, py::call_guard<py::gil_scoped_release>())
+      .def("fetch", &ParamCoordinator::fetch, py::arg("module_id"), py::arg("for_backward") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("release", &ParamCoordinator::release, py::arg("module_id"),
+           py::arg("during_backward") = false, py::call_guard<py::gil_scoped_release>())
+      .def("backward_nodes_done", &ParamCoordinator::backward_nodes_done, py::arg("module_id"),
+           py::arg("gathers") = 1, py::call_guard<py::gil_scoped_release>())
+      .def("holds_frozen", &ParamCoordinator::holds_frozen, py::arg("module_id"))
+      .def("read_in_forward", &ParamCoordinator::read_in_forward, py::arg("module_id"),
+           py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
+      .def("add_external", &ParamCoordinator::add_external, py::arg("module_id"), py::arg("param_index"))
+      .def("fetch_params", &ParamCoordinator::fetch_params, py::arg("param_indices"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("release_params", &ParamCoordinator::release_params, py::arg("param_indices"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("write_back", &ParamCoordinator::write_back, py::arg("param_index"),
+           py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("live_gathered_numel", &ParamCoordinator::live_gathered_numel)
+      .def_property_readonly("peak_gathered_numel", &ParamCoordinator::peak_gathered_numel)
+      .def("reset_gathered_peak", &ParamCoordinator::reset_peak)
+      .def_property_readonly("prefetched_params", &ParamCoordinator::prefetched_params)
+      .def_property_readonly("trace_invalidations", &ParamCoordinator::trace_invalidations);
+
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(m, "ZeroOptimizer")
       .def(py::init([](std::shared_ptr<Comm> comm, std::shared_ptr<Config> config,
-                       const py::dict& optimizer, const std::vector<std::vector<at::Tensor>>& groups,
-                       at::ScalarType dtype,
+                       const std::optional<py::dict>& client,
+                       const std::vector<std::vector<at::Tensor>>& groups, at::ScalarType dtype,
                        const std::vector<std::vector<ChunkedShape>>& prechunked_shapes,
                        const std::vector<at::Tensor>& frozen,
                        const std::vector<ChunkedShape>& frozen_shapes) {
-             const OptimizerConfig oc = optimizer_from_dict(optimizer);
+             // The config's optimizer block stays in C++; a client optimizer's mapping comes in.
+             const OptimizerConfig oc = client ? client_optimizer(*client) : config->optimizer;
+             ZS_REQUIRE(oc.present, "optimizer: none given");
              py::gil_scoped_release release;
              return std::make_shared<ZeroOptimizer>(std::move(comm), *config, oc, groups, dtype,
                                                     prechunked_shapes, frozen, frozen_shapes);
            }),
-           py::arg("comm"), py::arg("config"), py::arg("optimizer"), py::arg("groups"),
+           py::arg("comm"), py::arg("config"), py::arg("client_optimizer"), py::arg("groups"),
            py::arg("model_dtype"),
            py::arg("prechunked_shapes") = std::vector<std::vector<ChunkedShape>>{},
            py::arg("frozen") = std::vector<at::Tensor>{},
@@ -161,88 +241,24 @@ void bind_zero(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("abort_backward", &ZeroOptimizer::abort_backward, py::call_guard<py::gil_scoped_release>())
       .def("abort_forward", &ZeroOptimizer::abort_forward, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("keeps_full_grads", &ZeroOptimizer::keeps_full_grads)
-      .def_property_readonly("partitions_params", &ZeroOptimizer::partitions_params)
-      // Stage 3: the engine's module hooks drive the parameter coordinator.
-      .def("attach_parameters",
-           [](ZeroOptimizer& o, const std::vector<at::Tensor>& params) { o.coordinator().attach(params); },
-           py::arg("params"), py::call_guard<py::gil_scoped_release>())
-      .def("register_module",
-           [](ZeroOptimizer& o, int64_t id, const std::vector<int64_t>& params) {
-             o.coordinator().register_module(id, params);
-           },
-           py::arg("module_id"), py::arg("param_indices"))
-      .def("begin_forward",
-           [](ZeroOptimizer& o, bool grad_enabled) { o.coordinator().begin_forward(grad_enabled); },
-           py::arg("grad_enabled"))
-      .def("end_forward", [](ZeroOptimizer& o) { o.coordinator().end_forward(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("fetch", [](ZeroOptimizer& o, int64_t id, bool bwd) { o.coordinator().fetch(id, bwd); },
-           py::arg("module_id"), py::arg("for_backward") = false,
-           py::call_guard<py::gil_scoped_release>())
-      .def("release",
-           [](ZeroOptimizer& o, int64_t id, bool during_backward) {
-             return o.coordinator().release(id, during_backward);
-           },
-           py::arg("module_id"), py::arg("during_backward") = false,
-           py::call_guard<py::gil_scoped_release>())
-      .def("backward_nodes_done",
-           [](ZeroOptimizer& o, int64_t id, int64_t gathers) { o.coordinator().backward_nodes_done(id, gathers); },
-           py::arg("module_id"), py::arg("gathers") = 1, py::call_guard<py::gil_scoped_release>())
-      .def("holds_frozen", [](ZeroOptimizer& o, int64_t id) { return o.coordinator().holds_frozen(id); },
-           py::arg("module_id"))
-      .def("read_in_forward",
-           [](ZeroOptimizer& o, int64_t id, int64_t i) { return o.coordinator().read_in_forward(id, i); },
-           py::arg("module_id"), py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
-      .def("add_external",
-           [](ZeroOptimizer& o, int64_t id, int64_t i) { return o.coordinator().add_external(id, i); },
-           py::arg("module_id"), py::arg("param_index"))
-      .def("fetch_params",
-           [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().fetch_params(ids); },
-           py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
-      .def("release_params",
-           [](ZeroOptimizer& o, const std::vector<int64_t>& ids) { o.coordinator().release_params(ids); },
-           py::arg("param_indices"), py::call_guard<py::gil_scoped_release>())
-      .def("write_back",
-           [](ZeroOptimizer& o, int64_t i, int modifier_rank) { o.coordinator().write_back(i, modifier_rank); },
-           py::arg("param_index"), py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("live_gathered_numel",
-                             [](ZeroOptimizer& o) { return o.coordinator().live_gathered_numel(); })
-      .def_property_readonly("peak_gathered_numel",
-                             [](ZeroOptimizer& o) { return o.coordinator().peak_gathered_numel(); })
-      .def("reset_gathered_peak", [](ZeroOptimizer& o) { o.coordinator().reset_peak(); })
-      .def_property_readonly("prefetched_params",
-                             [](ZeroOptimizer& o) { return o.coordinator().prefetched_params(); })
-      .def_property_readonly("trace_invalidations",
-                             [](ZeroOptimizer& o) { return o.coordinator().trace_invalidations(); })
       .def("step",
            [](ZeroOptimizer& o, const py::list& groups, int64_t samples) {
+             const OptimizerRow& row = optimizer_row(o.optimizer().type);
              std::vector<GroupHyper> hypers;
-             for (const auto& g : groups) hypers.push_back(hyper_from_dict(g.cast<py::dict>()));
+             for (const auto& g : groups) hypers.push_back(hyper_from_dict(g.cast<py::dict>(), row));
              py::gil_scoped_release release;
              return o.step(hypers, samples);
            },
            py::arg("param_groups"), py::arg("samples"))
-      .def_property_readonly("state", [](ZeroOptimizer& o) -> TrainingState& { return o.training_state(); },
-                             py::return_value_policy::reference_internal)
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))
-      .def("full_value",
-           [](ZeroOptimizer& o, int64_t index, const std::string& what) -> std::optional<at::Tensor> {
-             at::Tensor t;
-             {
-               py::gil_scoped_release release;
-               t = o.full_value(index, what);
-             }
-             if (!t.defined()) return std::nullopt;
-             return t;
-           },
-           py::arg("index"), py::arg("what"))
-      .def("set_full_value", &ZeroOptimizer::set_full_value, py::arg("index"), py::arg("what"),
-           py::arg("value"), py::arg("src_rank") = 0, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("loss_scale", &ZeroOptimizer::loss_scale)
+      .def_property_readonly("strategy", &ZeroOptimizer::strategy, py::return_value_policy::reference_internal)
+      .def_property_readonly("coordinator", &ZeroOptimizer::coordinator,
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("full_values", &ZeroOptimizer::full_values,
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("state", &ZeroOptimizer::training_state, py::return_value_policy::reference_internal)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
-      .def_property_readonly("stage", &ZeroOptimizer::stage)
       .def_property_readonly("num_buckets", &ZeroOptimizer::num_buckets)
       .def_property_readonly("num_params", &ZeroOptimizer::num_params);
 }

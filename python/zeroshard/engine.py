@@ -15,7 +15,7 @@ from zeroshard.config import load_config
 from zeroshard.dataloader import make_dataloader
 from zeroshard.log import log_rank0, logger
 from zeroshard.lr_schedules import ConfigLRScheduler
-from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec, param_group_defaults
+from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec
 from zeroshard.zero import hooks as zero_hooks
 from zeroshard.zero.partition_init import full_shape
 
@@ -95,7 +95,7 @@ class ZeroShardEngine(torch.nn.Module):
         self._loss_count = 0
         self._print_t0 = time.perf_counter()
         self._print_step0 = 0
-        log_rank0(f"ZeRO stage {self._core.stage}, {s['precision']}, world {self.world_size}, "
+        log_rank0(f"ZeRO stage {self._core.strategy.stage}, {s['precision']}, world {self.world_size}, "
                   f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
                   f"bucket(s); model state per rank: {self._core.memory.summary()}", self.global_rank)
@@ -117,9 +117,8 @@ class ZeroShardEngine(torch.nn.Module):
             spec = client_optimizer_spec(client_optimizer)
             defaults = {}
         elif configured["present"]:
-            spec = {k: configured[k] for k in ("type", "adam_w_mode", "bias_correction",
-                                                 "initial_accumulator_value")}
-            defaults = param_group_defaults(configured)
+            spec = None  # the config's optimizer block, which C++ keeps
+            defaults = configured["group_defaults"]
         else:
             raise ValueError("optimizer: none given; add an \"optimizer\" block to the config "
                              "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
@@ -143,17 +142,14 @@ class ZeroShardEngine(torch.nn.Module):
         # ones outside the optimizer's groups and integer ones stay whole.
         frozen = [p for p in self.module.parameters()
                   if not p.requires_grad and p.is_floating_point() and id(p) not in trainable_ids]
-        # Frozen parameters and buffers follow rank 0 too (trainable ones are broadcast in C++;
-        # chunks from zero.Init already hold rank 0's values).
+        # Frozen parameters and buffers follow rank 0 too, through the same C++ broadcast as the
+        # trainable ones (ZeroOptimizer's); chunks from zero.Init already hold rank 0's values.
+        synced = [(name, t.data) for name, t in list(self.module.named_buffers()) + [
+            (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable_ids]
+            if full_shape(t) is None]
+        # One broadcast per tensor, so that a hang report names it ("initial <name>").
+        _C.broadcast_from_rank0(self._comm, [t for _, t in synced], [n for n, _ in synced], "initial")
         with torch.no_grad():
-            for name, t in list(self.module.named_buffers()) + [
-                    (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable_ids]:
-                if self.world_size > 1 and full_shape(t) is None:
-                    data = t.data
-                    whole = data.contiguous()  # collectives take contiguous tensors
-                    self._comm.broadcast(whole, 0, f"initial {name}")
-                    if whole is not data:
-                        data.copy_(whole)
             self.module.to(self.dtype)
         chunked = [n for n, p in self.module.named_parameters() if full_shape(p) is not None]
         if chunked and self._settings["stage"] != 3:
@@ -186,12 +182,12 @@ class ZeroShardEngine(torch.nn.Module):
                                       frozen, [None if s is None else list(s) for s in frozen_shapes])
         self._params = [p for _, ps in groups for p in ps]
         self._frozen_release = None  # stage 3 with partitioned frozen parameters only
-        if self._core.partitions_params:
+        if self._core.strategy.partitions_params:
             # Stage 3: each rank keeps its chunks; modules gather their parameters when they run.
             self._gathered = self._params + frozen
             shapes = [torch.Size(p.shape if full_shape(p) is None else full_shape(p))
                       for p in self._gathered]
-            self._core.attach_parameters(self._gathered)
+            self._core.coordinator.attach(self._gathered)
             policy = _C.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, any_frozen = zero_hooks.install(
                 self._core, self.module, self._gathered, policy)
@@ -204,9 +200,9 @@ class ZeroShardEngine(torch.nn.Module):
             for p, view in zip(self._params, (v for vs in self._core.param_views() for v in vs)):
                 p.data = view
         # The core's index of each parameter it holds, for GatheredParameters and zeroshard.utils.
-        for i, p in enumerate(self._gathered if self._core.partitions_params else self._params):
+        for i, p in enumerate(self._gathered if self._core.strategy.partitions_params else self._params):
             p._zeroshard_core, p._zeroshard_index = self._core, i
-        if self._core.keeps_full_grads:
+        if self._core.strategy.keeps_full_grads:
             self._grad_views = [v for vs in self._core.grad_views() for v in vs]
         else:
             self._grad_views = [None] * len(self._params)
@@ -256,7 +252,7 @@ class ZeroShardEngine(torch.nn.Module):
     def _drop_full_grads(self):
         """Stages 0/1 after the step or zero_grad: param.grad becomes None, as torch's
         zero_grad(set_to_none=True) and DeepSpeed leave it; the flat buffer is not cleared."""
-        if self._core.keeps_full_grads:
+        if self._core.strategy.keeps_full_grads:
             for p in self._params:
                 p.grad = None
 
@@ -287,8 +283,8 @@ class ZeroShardEngine(torch.nn.Module):
         """DDP's and DeepSpeed's no_sync: backwards inside the block add to this rank's own
         gradients without reducing them; the first boundary backward after it reduces the sum.
         Stages 0 and 1 only: stages 2 and 3 keep only a shard of each gradient."""
-        if not self._core.keeps_full_grads:
-            raise RuntimeError(f"no_sync: ZeRO stage {self._core.stage} keeps only this rank's "
+        if not self._core.strategy.keeps_full_grads:
+            raise RuntimeError(f"no_sync: ZeRO stage {self._core.strategy.stage} keeps only this rank's "
                                "shard of each gradient, so every backward must reduce; use "
                                "gradient_accumulation_steps to accumulate, or stage 0 or 1")
         if self._in_no_sync:
@@ -317,7 +313,7 @@ class ZeroShardEngine(torch.nn.Module):
         try:
             if self._frozen_release is not None:
                 self._frozen_release.begin_backward()
-            (scaled * self._core.loss_scale).backward(retain_graph=retain_graph)
+            (scaled * self._core.state.loss_scale).backward(retain_graph=retain_graph)
         except BaseException as error:
             # The next backward starts clean; this one's partial gradients stay until zero_grad().
             self._clean_up_after(error, self._core.abort_backward)
@@ -329,7 +325,7 @@ class ZeroShardEngine(torch.nn.Module):
         # Summed on the loss's device; read only when a progress line is printed.
         self._loss_sum = self._loss_sum + loss.detach().float()
         self._loss_count += 1
-        if boundary and self._core.keeps_full_grads:
+        if boundary and self._core.strategy.keeps_full_grads:
             # Parameters that got no gradient in the window: their views were zeroed by the reduction.
             for p, view in zip(self._params, self._grad_views):
                 if p.grad is None:
@@ -351,7 +347,7 @@ class ZeroShardEngine(torch.nn.Module):
                     self.lr_scheduler.step(**(lr_kwargs or {}))
             else:
                 log_rank0(f"step {self.global_steps}: fp16 gradient overflow, step skipped; "
-                          f"loss scale {self._last.loss_scale:g} -> {self._core.loss_scale:g}",
+                          f"loss scale {self._last.loss_scale:g} -> {self._core.state.loss_scale:g}",
                           self.global_rank)
             self._maybe_print()
         self._core.state.count_micro_step()
@@ -374,7 +370,7 @@ class ZeroShardEngine(torch.nn.Module):
         self._loss_sum, self._loss_count = 0.0, 0
         norm = self._last.grad_norm if self._last is not None else float("nan")
         log_rank0(f"step {self.global_steps} loss {loss:.4f} lr {self.get_lr()[0]:.3e} "
-                  f"loss_scale {self._core.loss_scale:g} grad_norm {norm:.3f} "
+                  f"loss_scale {self._core.state.loss_scale:g} grad_norm {norm:.3f} "
                   f"samples/s {rate:.1f} | model state per rank: {self._core.memory.summary()}",
                   self.global_rank)
 
@@ -402,10 +398,10 @@ class ZeroShardEngine(torch.nn.Module):
         return self._gas
 
     def zero_optimization_stage(self):
-        return self._core.stage
+        return self._core.strategy.stage
 
     def get_loss_scale(self):
-        return self._core.loss_scale
+        return self._core.state.loss_scale
 
     # DeepSpeed's counters, read from the one training state (runtime/training_state.h).
     @property
@@ -439,13 +435,13 @@ class ZeroShardEngine(torch.nn.Module):
         """Writes the module's 16-bit state_dict from rank 0 (all ranks must call it). Under ZeRO-3
         it gathers the parameters only when stage3_gather_16bit_weights_on_model_save is set, and
         otherwise returns False without writing, as DeepSpeed does."""
-        if self._core.partitions_params and not self._settings["gather_16bit_weights_on_model_save"]:
+        if self._core.strategy.partitions_params and not self._settings["gather_16bit_weights_on_model_save"]:
             log_rank0("save_16bit_model: ZeRO-3 parameters are partitioned and "
                       "zero_optimization.stage3_gather_16bit_weights_on_model_save is false; "
                       "nothing written", self.global_rank)
             return False
         from zeroshard.zero.gathered import GatheredParameters
-        with GatheredParameters(self._gathered if self._core.partitions_params else self._params):
+        with GatheredParameters(self._gathered if self._core.strategy.partitions_params else self._params):
             state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}

@@ -38,14 +38,6 @@ def client_optimizer_spec(opt: torch.optim.Optimizer) -> dict:
     return _CLIENT_TYPES[name](opt)
 
 
-def param_group_defaults(spec: dict) -> dict:
-    """The hyperparameters a param group starts with, from the config's optimizer block."""
-    keys = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay"),
-            "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
-            "Adagrad": ("lr", "lr_decay", "eps", "weight_decay"), "Lion": ("lr", "betas", "weight_decay")}
-    return {k: spec[k] for k in keys[spec["type"]]}
-
-
 class ZeroShardOptimizer(torch.optim.Optimizer):
     """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here). A
     torch.optim.Optimizer so torch and Hugging Face schedulers accept it; its param_groups hold the
@@ -62,7 +54,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
 
     @property
     def loss_scale(self) -> float:
-        return self.core.loss_scale
+        return self.core.state.loss_scale
 
     cur_scale = loss_scale
 
@@ -71,7 +63,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         # flat buffer behind it is rewritten by the next backward, not cleared); stages 2/3 zero
         # the owned gradient shards.
         self.core.zero_grad()
-        if self.core.keeps_full_grads:
+        if self.core.strategy.keeps_full_grads:
             for group in self.param_groups:
                 for p in group["params"]:
                     p.grad = None
@@ -85,4 +77,4 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                                   "implemented in zeroshard yet")
 
     def __repr__(self):
-        return f"ZeroShardOptimizer(stage={self.core.stage}, groups={len(self.param_groups)})"
+        return f"ZeroShardOptimizer(stage={self.core.strategy.stage}, groups={len(self.param_groups)})"

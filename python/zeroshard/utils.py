@@ -23,7 +23,7 @@ def safe_get_full_fp32_param(param: torch.nn.Parameter):
     """The parameter's whole fp32 value (the master copy under bf16/fp16), or None for a tensor
     the engine does not hold (not a parameter of its module, or frozen below stage 3)."""
     core, index = _owner(param)
-    return None if core is None else core.full_value(index, "fp32_param")
+    return None if core is None else core.full_values.get(index, "fp32_param")
 
 
 def safe_get_full_grad(param: torch.nn.Parameter):
@@ -34,9 +34,9 @@ def safe_get_full_grad(param: torch.nn.Parameter):
     stages 2/3 the micro-steps reduced so far. None for a tensor the engine does not hold or a
     frozen one."""
     core, index = _owner(param)
-    if core is None or (core.keeps_full_grads and param.grad is None):
+    if core is None or (core.strategy.keeps_full_grads and param.grad is None):
         return None
-    return core.full_value(index, "grad")
+    return core.full_values.get(index, "grad")
 
 
 def safe_get_full_optimizer_state(param: torch.nn.Parameter, optim_state_key: str):
@@ -45,7 +45,7 @@ def safe_get_full_optimizer_state(param: torch.nn.Parameter, optim_state_key: st
     None before the first step creates the state, and for a tensor the engine does not hold or a
     frozen one; an unknown key is a ValueError that lists the optimizer's names."""
     core, index = _owner(param)
-    return None if core is None else core.full_value(index, str(optim_state_key))
+    return None if core is None else core.full_values.get(index, str(optim_state_key))
 
 
 def _held(param, caller):
@@ -62,7 +62,7 @@ def safe_set_full_fp32_param(param: torch.nn.Parameter, value: torch.Tensor):
     and its model-dtype value, on every rank: rank 0's value is broadcast, so the replicas stay
     equal. Takes effect at once, also in a parameter ZeRO-3 holds gathered."""
     core, index = _held(param, "safe_set_full_fp32_param")
-    core.set_full_value(index, "fp32_param", value)
+    core.full_values.set(index, "fp32_param", value)
 
 
 def safe_set_full_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor,
@@ -71,7 +71,7 @@ def safe_set_full_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor
     name, as in safe_get_full_optimizer_state) of the parameter on every rank, from rank 0. Before
     the first step this creates the state, which the first step then continues from."""
     core, index = _held(param, "safe_set_full_optimizer_state")
-    core.set_full_value(index, str(optim_state_key), value)
+    core.full_values.set(index, str(optim_state_key), value)
 
 
 __all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",

@@ -6,11 +6,14 @@
 
 namespace zeroshard::config {
 
-// training.cpp: batch keys, optimizer, fp16/bf16 and the top-level scalars.
+// training.cpp: batch keys, fp16/bf16 and the top-level scalars.
 void read_batch(Block& top, Config& c);
-void read_optimizer(Block& top, Config& c);
 void read_precision(Block& top, Config& c);
 void read_training_scalars(Block& top, Config& c);
+// optimizer.cpp: the optimizer block, one reader per optimizer table row.
+void read_optimizer(Block& top, Config& c);
+// Whether the optimizer block has a reader for the table row serving `type` (tests check every row).
+bool has_optimizer_reader(const std::string& type);
 // scheduler.cpp
 void read_scheduler(Block& top, Config& c);
 // zero.cpp: zero_optimization with its offload blocks, and aio.

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/optim/hyper.h"
+
 namespace zeroshard {
 
 enum class Precision { fp32, fp16, bf16 };
@@ -27,22 +29,6 @@ struct ResolvedBatch {
   int64_t gradient_accumulation_steps;
 };
 
-struct OptimizerConfig {
-  bool present = false;
-  std::string type;          // canonical: "Adam", "AdamW", "SGD", "Adagrad", "Lion"
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool adam_w_mode = true;   // DeepSpeed's "Adam" is decoupled (AdamW) unless adam_w_mode=false
-  bool bias_correction = true;
-  bool amsgrad = false;
-  bool torch_adam = false;
-  double momentum = 0.0, dampening = 0.0;
-  bool nesterov = false;
-  double lr_decay = 0.0;
-  double initial_accumulator_value = 0.0;
-};
 
 struct SchedulerConfig {
   bool present = false;

@@ -1,4 +1,4 @@
-// Top-level training keys: the batch triplet (and DeepSpeed's reconciliation of it), the optimizer,
+// Top-level training keys: the batch triplet (and DeepSpeed's reconciliation of it),
 // fp16/bf16 and the scalar knobs. Defaults are DeepSpeed's code defaults (runtime/constants.py).
 #include <algorithm>
 #include <cctype>
@@ -20,21 +20,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-// betas: exactly two numbers in [0, 1), as torch.optim checks.
-void read_betas(Block& p, double def1, double def2, double* b1, double* b2) {
-  p.note_if_auto("betas", json::array({def1, def2}));
-  const json* v = p.raw("betas");
-  *b1 = def1, *b2 = def2;
-  if (v) {
-    if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
-      p.fail("betas", "got " + show_typed(*v) + ", expected an array of 2 numbers");
-    *b1 = (*v)[0].get<double>(), *b2 = (*v)[1].get<double>();
-    if (!(*b1 >= 0 && *b1 < 1 && *b2 >= 0 && *b2 < 1))
-      p.fail("betas", "got " + show(*v) + ", expected 2 numbers in [0, 1)");
-  }
-  p.out()["betas"] = json::array({*b1, *b2});
-}
-
 }  // namespace
 
 void read_batch(Block& top, Config& c) {
@@ -47,96 +32,6 @@ void read_batch(Block& top, Config& c) {
     *slots[i] = top.get_opt_int(kBatchKeys[i], 1);
   }
   c.batch = c.batch_as_written;
-}
-
-void read_optimizer(Block& top, Config& c) {
-  Block ob = top.child("optimizer");
-  OptimizerConfig& o = c.optimizer;
-  if (!ob.present()) {
-    top.out()["optimizer"] = nullptr;
-    return;
-  }
-  o.present = true;
-  static const std::vector<std::string> kSupported = {"Adam", "AdamW", "SGD", "Adagrad", "Lion"};
-  // DeepSpeed optimizers that zeroshard does not implement: named so the error says so.
-  static const std::vector<std::string> kDeepSpeedOnly = {
-      "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon"};
-  const json* t = ob.raw("type");
-  if (!t) ob.fail("type", "missing, expected one of " + quoted_list(kSupported));
-  if (!t->is_string()) ob.fail("type", "got " + show_typed(*t) + ", expected one of " + quoted_list(kSupported));
-  std::string name = lower(t->get<std::string>());
-  auto match = [&](const std::vector<std::string>& names) {
-    return std::find_if(names.begin(), names.end(), [&](const std::string& n) { return lower(n) == name; });
-  };
-  if (auto it = match(kSupported); it != kSupported.end()) {
-    o.type = *it;
-  } else if (auto it2 = match(kDeepSpeedOnly); it2 != kDeepSpeedOnly.end()) {
-    ob.fail("type", "got " + show(*t) + ", expected one of " + quoted_list(kSupported) + " (" + *it2 +
-                        ": not supported by zeroshard)");
-  } else {
-    ob.fail("type", "got " + show(*t) + ", expected one of " + quoted_list(kSupported));
-  }
-  ob.out()["type"] = o.type;
-  // legacy_fusion picks DeepSpeed's old fused fp16 optimizer path; there is no such path here.
-  if (ob.get_bool("legacy_fusion", false))
-    top.ctx().warn_ignored(ob.path_of("legacy_fusion"), true, "zeroshard has one fp16 optimizer path");
-
-  Block p = ob.child("params");
-  if (p.present() && p.raw("max_grad_norm")) {
-    p.fail("max_grad_norm", "not an optimizer parameter; use the top-level \"gradient_clipping\"");
-  }
-  o.beta1 = o.beta2 = 0;  // set per type below; unused by SGD/Adagrad
-  if (o.type == "Adam" || o.type == "AdamW") {
-    // DeepSpeed builds FusedAdam/DeepSpeedCPUAdam (weight_decay 0) unless torch_adam picks
-    // torch.optim.Adam/AdamW, whose AdamW default is 0.01.
-    o.torch_adam = p.get_bool("torch_adam", false);
-    o.lr = p.get_number("lr", 1e-3, 0);
-    read_betas(p, 0.9, 0.999, &o.beta1, &o.beta2);
-    o.eps = p.get_number("eps", 1e-8, 0);
-    o.weight_decay = p.get_number("weight_decay", o.type == "AdamW" && o.torch_adam ? 1e-2 : 0.0, 0);
-    o.bias_correction = p.get_bool("bias_correction", true);
-    o.adam_w_mode = p.get_bool("adam_w_mode", true);
-    if (o.type == "AdamW" && !o.adam_w_mode) {
-      // DeepSpeed forces decoupled decay for "AdamW" whatever adam_w_mode says; do the same, visibly.
-      top.ctx().note("warning: " + p.path_of("adam_w_mode") +
-                     ": got false, accepted and ignored: \"AdamW\" always decouples weight decay "
-                     "(use \"Adam\" with adam_w_mode false for L2)");
-      o.adam_w_mode = true;
-      p.out()["adam_w_mode"] = true;
-    }
-    p.reject_unless_default("amsgrad", false, "AMSGrad");
-    o.amsgrad = false;
-  } else if (o.type == "SGD") {
-    o.lr = p.get_number("lr", 1e-3, 0);
-    o.momentum = p.get_number("momentum", 0.0, 0);
-    o.dampening = p.get_number("dampening", 0.0);
-    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
-    o.nesterov = p.get_bool("nesterov", false);
-    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
-      p.fail("nesterov", "got true, expected false unless momentum > 0 and dampening is 0");
-  } else if (o.type == "Adagrad") {
-    o.lr = p.get_number("lr", 1e-2, 0);
-    o.lr_decay = p.get_number("lr_decay", 0.0, 0);
-    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
-    o.initial_accumulator_value = p.get_number("initial_accumulator_value", 0.0, 0);
-    o.eps = p.get_number("eps", 1e-10, 0);
-  } else {  // Lion
-    o.lr = p.get_number("lr", 1e-4, 0);
-    read_betas(p, 0.9, 0.99, &o.beta1, &o.beta2);
-    o.weight_decay = p.get_number("weight_decay", 0.0, 0);
-  }
-  // A parameter of another optimizer (betas for SGD) is a likelier mistake than a typo: say so.
-  static const std::vector<std::string> kAllParams = {
-      "lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam",
-      "momentum", "dampening", "nesterov", "lr_decay", "initial_accumulator_value"};
-  for (const auto& k : kAllParams)
-    if (!p.out().contains(k) && p.has(k)) {
-      std::vector<std::string> takes;
-      for (auto it = p.out().begin(); it != p.out().end(); ++it) takes.push_back(it.key());
-      p.fail(k, "not a parameter of " + o.type + "; expected one of " + quoted_list(takes));
-    }
-  p.finish();
-  ob.finish();
 }
 
 void read_precision(Block& top, Config& c) {

@@ -285,7 +285,7 @@ def failed_backward_worker(stage, skipped, fail, where="backward"):
             with pytest.raises(RuntimeError, match="injected forward failure"):
                 engine(batch)
             if stage == 3:
-                assert engine._core.live_gathered_numel == 0  # released, not left to the next backward
+                assert engine._core.coordinator.live_gathered_numel == 0  # released, not left to the next backward
             continue
         loss = engine(batch)
         if armed[0]:
@@ -297,7 +297,7 @@ def failed_backward_worker(stage, skipped, fail, where="backward"):
         engine.step()
     if stage == 3:
         # The failed iteration's partial order was not taken for the model's.
-        assert engine._core.trace_invalidations == 0
+        assert engine._core.coordinator.trace_invalidations == 0
     return engine._core.master(0).tolist()  # plain floats: a tensor would be shared by file descriptor
 
 

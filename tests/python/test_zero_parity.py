@@ -62,6 +62,38 @@ class Lion(torch.optim.Optimizer):
                 m.mul_(b2).add_(p.grad, alpha=1 - b2)
 
 
+class Lamb(torch.optim.Optimizer):
+    """Reference Lamb as DeepSpeed's FusedLamb computes it, per whole tensor: Adam's moments,
+    update = m / (sqrt(v) + eps) + weight_decay * w, trust ratio ||w|| / ||update|| clamped to
+    [min_coeff, max_coeff] (1 when either norm is 0), w -= lr * sqrt(1 - b2^t) / (1 - b1^t) *
+    ratio * update."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_coeff=10.0,
+                 min_coeff=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      max_coeff=max_coeff, min_coeff=min_coeff))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            b1, b2 = g["betas"]
+            for p in g["params"]:
+                st = self.state[p]
+                if not st:
+                    st.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                st["step"] += 1
+                t, m, v = st["step"], st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = m / (v.sqrt() + g["eps"]) + g["weight_decay"] * p
+                w_norm, u_norm = p.double().norm().item(), update.double().norm().item()
+                ratio = 1.0
+                if w_norm > 0 and u_norm > 0:
+                    ratio = min(g["max_coeff"], max(g["min_coeff"], w_norm / u_norm))
+                step_size = g["lr"] * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
+                p.sub_(update, alpha=step_size * ratio)
+
+
 def _reference_optimizer(spec, params):
     kind, p = spec["type"], spec.get("params", {})
     if kind == "AdamW":
@@ -76,6 +108,9 @@ def _reference_optimizer(spec, params):
         return torch.optim.Adagrad(params, lr=p["lr"], weight_decay=p.get("weight_decay", 0.0))
     if kind == "Lion":
         return Lion(params, lr=p["lr"], weight_decay=p.get("weight_decay", 0.0))
+    if kind == "Lamb":
+        return Lamb(params, lr=p["lr"], weight_decay=p.get("weight_decay", 0.0),
+                    max_coeff=p.get("max_coeff", 10.0), min_coeff=p.get("min_coeff", 0.01))
     raise AssertionError(kind)
 
 
@@ -262,3 +297,26 @@ def test_zero3_release_after_forward_parity(model_name, precision):
                                    "stage3_max_reuse_distance": 0,
                                    "stage3_prefetch_bucket_size": 3000}}
     run_distributed(parity_worker, 2, model_name, 3, precision, 2, ADAMW, 0.0, 500, STEPS, extra)
+
+
+LAMB = {"type": "Lamb", "params": {"lr": 1e-3, "weight_decay": 0.01}}
+# Bounds that clamp: LayerNorm weights (ratio about 1) at max_coeff, the small-initialised
+# matrices (ratio about 0.02) at min_coeff.
+LAMB_CLAMPED = {"type": "Lamb", "params": {"lr": 1e-3, "max_coeff": 0.5, "min_coeff": 0.05}}
+
+
+@pytest.mark.parametrize("stage,world", [(0, 2), (1, 2), (2, 2), (3, 2), (2, 3), (3, 4)])
+def test_lamb_parity(stage, world):
+    """Lamb's trust ratio is per whole tensor: at stages 1-3 each rank holds pieces of tensors, and
+    the norms are summed across ranks (world 3 and 4 split tensors at uneven places)."""
+    run_distributed(parity_worker, world, "gpt", stage, "fp32", 2, LAMB, 0.0, 500, STEPS)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_lamb_clamped_and_clipped_parity(stage):
+    run_distributed(parity_worker, 2, "gpt", stage, "fp32", 1, LAMB_CLAMPED, 0.05, 500, STEPS)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lamb_bf16_parity(stage):
+    run_distributed(parity_worker, 2, "gpt", stage, "bf16", 2, LAMB, 0.0, 500, STEPS)

@@ -35,7 +35,7 @@ class GatheredParameters:
         if bad:
             raise ValueError(f"GatheredParameters: expected parameters (tensors), got a {bad[0]}; "
                              "pass module.parameters(), a list of them, or one parameter")
-        self.engine = [p for p in params if _core(p) is not None and _core(p).partitions_params]
+        self.engine = [p for p in params if _core(p) is not None and _core(p).strategy.partitions_params]
         self.before_engine = [p for p in params if partitioned_before_engine(p)]
         held = {id(p) for p in self.engine + self.before_engine}
         self.whole = [p for p in params if _core(p) is not None and id(p) not in held]
@@ -66,7 +66,7 @@ class GatheredParameters:
         if not self.enabled:
             return self
         for core, params in self._by_core(self.engine):
-            core.fetch_params([p._zeroshard_index for p in params])
+            core.coordinator.fetch_params([p._zeroshard_index for p in params])
         gather_before_engine(self.before_engine)
         return self
 
@@ -78,12 +78,12 @@ class GatheredParameters:
             indices = [p._zeroshard_index for p in params]
             if keep is not None:
                 for i in indices:  # broadcast by the engine's communicator, numbered and watched
-                    core.write_back(i, keep)
-            core.release_params(indices)
+                    core.coordinator.write_back(i, keep)
+            core.coordinator.release_params(indices)
         repartition_before_engine(self.before_engine, keep)
         if keep is not None:
             for p in self.whole:
-                p._zeroshard_core.set_full_value(p._zeroshard_index, "fp32_param", p.detach(),
+                p._zeroshard_core.full_values.set(p._zeroshard_index, "fp32_param", p.detach(),
                                                  src_rank=keep)
             if self.other and dist.is_initialized() and dist.get_world_size() > 1:
                 from zeroshard.comm import shared_comm

@@ -34,7 +34,7 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
         params.append(parameter)
     hooks = module.__dict__.get(_HOOKS)
     core = getattr(parameter, "_zeroshard_core", None)
-    if core is None or not core.partitions_params:
+    if core is None or not core.strategy.partitions_params:
         return  # whole on every rank, or read when an engine hooks the module (install)
     if hooks is None or hooks.core is not core:
         raise ValueError(f"register_external_parameter: the parameter (ds_id {parameter.ds_id}) "
@@ -46,12 +46,13 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
 class _ModuleHooks:
     """One module of an engine's model: its coordinator id (None while it uses no partitioned
     parameter; the coordinator numbers a module that joins later) and whether its forwards are
-    tracked for frozen parameters. Every module has one, so that a parameter read in any module's
+    tracked for frozen parameters. `core` is the engine's ZeroOptimizer (what identifies the
+    engine), `coord` its stage-3 ParamCoordinator. Every module has one, so that a parameter read in any module's
     forward finds the module that reads it (see _GatherOnRead)."""
-    __slots__ = ("core", "module_id", "starts", "policy")
+    __slots__ = ("core", "coord", "module_id", "starts", "policy")
 
     def __init__(self, core, policy):
-        self.core, self.policy = core, policy
+        self.core, self.coord, self.policy = core, core.coordinator, policy
         self.module_id = self.starts = None
 
     # A copy or pickle of the module is not hooked by any engine (its hooks then do nothing).
@@ -63,13 +64,13 @@ class _ModuleHooks:
 
     def register(self, module_id, param_indices):
         self.module_id = module_id
-        self.core.register_module(module_id, param_indices)
+        self.coord.register_module(module_id, param_indices)
         self._track_frozen()
 
     def _track_frozen(self):
         # Sequence numbers at the starts of its forwards (a stack: a module may call itself),
         # kept for a module whose frozen parameters need _NodesRun.
-        if self.module_id is not None and self.starts is None and self.core.holds_frozen(self.module_id):
+        if self.module_id is not None and self.starts is None and self.coord.holds_frozen(self.module_id):
             self.starts = []
 
     def _id(self):
@@ -85,13 +86,13 @@ class _ModuleHooks:
     def read(self, index):
         """A partitioned parameter read in this module's forward: the coordinator decides whether
         it becomes this module's external parameter."""
-        self._joined(self.core.read_in_forward(self._id(), index))
+        self._joined(self.coord.read_in_forward(self._id(), index))
 
     def add_external(self, index):
         if any(h is self for h in _RUNNING):
             self.read(index)  # gathered now if no running module holds it
         else:
-            self._joined(self.core.add_external(self._id(), index))
+            self._joined(self.coord.add_external(self._id(), index))
 
 
 def _nothing():
@@ -110,7 +111,7 @@ class _GatherOnRead(dict):
         p = dict.__getitem__(self, key)
         if _RUNNING and _RUNNING[-1] is not self.owner and p is not None:
             core = getattr(p, "_zeroshard_core", None)
-            if core is not None and core.partitions_params:
+            if core is not None and core.strategy.partitions_params:
                 for hooks in reversed(_RUNNING):
                     if hooks.core is core:
                         hooks.read(p._zeroshard_index)
@@ -135,14 +136,14 @@ class _PreBackward(torch.autograd.Function):
     whole again before the module's own backward runs (autograd reaches this node first)."""
 
     @staticmethod
-    def forward(ctx, core, module_id, nodes_run, *tensors):
-        ctx.core, ctx.module_id, ctx.nodes_run = core, module_id, nodes_run
+    def forward(ctx, coord, module_id, nodes_run, *tensors):
+        ctx.coord, ctx.module_id, ctx.nodes_run = coord, module_id, nodes_run
         out = tuple(t.detach() for t in tensors)
         return out[0] if len(out) == 1 else out
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.core.fetch(ctx.module_id, True)
+        ctx.coord.fetch(ctx.module_id, True)
         if ctx.nodes_run is not None:
             ctx.nodes_run.arm()
         return (None, None, None) + grads
@@ -163,10 +164,10 @@ class _NodesRun:
     recomputed graph. Non-reentrant checkpointing does not; the first forward's nodes read what
     it saved, and the coordinator lets their report cover the hold."""
 
-    __slots__ = ("core", "module_id", "gathers", "total", "ran", "armed", "policy", "verdict")
+    __slots__ = ("coord", "module_id", "gathers", "total", "ran", "armed", "policy", "verdict")
 
-    def __init__(self, core, module_id, lowest, gathers, policy):
-        self.core, self.module_id, self.gathers, self.total = core, module_id, gathers, len(lowest)
+    def __init__(self, coord, module_id, lowest, gathers, policy):
+        self.coord, self.module_id, self.gathers, self.total = coord, module_id, gathers, len(lowest)
         self.ran, self.armed, self.policy, self.verdict = set(), False, policy, None
         for node in lowest:
             seq = node._sequence_nr()
@@ -185,7 +186,7 @@ class _NodesRun:
     def _check(self):
         if len(self.ran) == self.total:
             self.armed = False
-            self.core.backward_nodes_done(self.module_id, self.gathers)
+            self.coord.backward_nodes_done(self.module_id, self.gathers)
 
 
 def _lowest_nodes_created(tensors, start, end):
@@ -293,13 +294,13 @@ def _begin_forward(module, args):
     hooks = module.__dict__.get(_HOOKS)
     if hooks is not None:
         forget_running(hooks.core)  # left by a forward that raised outside the engine
-        hooks.core.begin_forward(torch.is_grad_enabled())
+        hooks.coord.begin_forward(torch.is_grad_enabled())
 
 
 def _end_forward(module, args, output):
     hooks = module.__dict__.get(_HOOKS)
     if hooks is not None:
-        hooks.core.end_forward()
+        hooks.coord.end_forward()
 
 
 def _watch_reads(m, hooks, index):
@@ -340,7 +341,7 @@ def _pre_forward(module, args):
         return
     if hooks.starts is not None:
         hooks.starts.append(_C.autograd_sequence_number())
-    hooks.core.fetch(hooks.module_id, False)
+    hooks.coord.fetch(hooks.module_id, False)
 
 
 def _post_forward(module, args, output):
@@ -351,14 +352,14 @@ def _post_forward(module, args, output):
         _RUNNING.pop()
     elif hooks in _RUNNING:  # an inner forward's hooks did not run (it raised first)
         del _RUNNING[len(_RUNNING) - 1 - _RUNNING[::-1].index(hooks):]
-    core, policy, module_id, starts = hooks.core, hooks.policy, hooks.module_id, hooks.starts
+    coord, policy, module_id, starts = hooks.coord, hooks.policy, hooks.module_id, hooks.starts
     if module_id is None:
         return output
     end = _C.autograd_sequence_number()  # before _PreBackward adds its node
     start = starts.pop() if starts else None
     during_backward = torch._C._current_graph_task_id() != -1
     # Held only where the recomputation can save something for backward to read.
-    held = core.release(module_id, during_backward and torch.is_grad_enabled())
+    held = coord.release(module_id, during_backward and torch.is_grad_enabled())
     if not torch.is_grad_enabled():
         return output
 
@@ -375,7 +376,7 @@ def _post_forward(module, args, output):
                 during_backward and torch._C._autograd._top_saved_tensors_default_hooks(False)):
             lowest = _lowest_nodes_created(grad, start, end)
             if lowest is not None:
-                nodes_run = _NodesRun(core, module_id, lowest, 2 if held else 1, policy)
+                nodes_run = _NodesRun(coord, module_id, lowest, 2 if held else 1, policy)
             if during_backward:
                 verdict = policy.agree_now(nodes_run is not None) if policy.in_backward \
                     else _C.FrozenRelease.NEVER
@@ -383,7 +384,7 @@ def _post_forward(module, args, output):
                 verdict = policy.record(nodes_run is not None)
             if nodes_run is not None:
                 nodes_run.verdict = verdict
-        wrapped = _PreBackward.apply(core, module_id, nodes_run, *grad)
+        wrapped = _PreBackward.apply(coord, module_id, nodes_run, *grad)
         wrapped = iter(wrapped if isinstance(wrapped, tuple) else (wrapped,))
         return [next(wrapped) if t.requires_grad else t for t in tensors]
 

@@ -67,7 +67,7 @@ TEST_CASE("demo_zero.json is what `make demo` expects") {
   CHECK(c.zero_optimization.stage == 3);
   CHECK(c.precision() == zeroshard::Precision::bf16);
   CHECK(c.optimizer.type == "AdamW");
-  CHECK(c.optimizer.lr == Approx(6e-4));
+  CHECK(c.optimizer.hyper.lr == Approx(6e-4));
   CHECK(c.scheduler.type == "WarmupLR");
   CHECK(c.steps_per_print == 10);
   CHECK(c.gradient_clipping == 1.0);
@@ -112,12 +112,19 @@ TEST_CASE("error messages, exactly") {
        "ds_config.json: pipeline.stages: got 0 (number), expected \"auto\" or an integer >= 1"},
       // optimizer
       {with_batch(R"("optimizer": {"type": "Adamm"})"),
-       "ds_config.json: optimizer.type: got \"Adamm\", expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", \"Lion\""},
-      {with_batch(R"("optimizer": {"type": "Lamb"})"),
-       "ds_config.json: optimizer.type: got \"Lamb\", expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", "
-       "\"Lion\" (Lamb: not supported by zeroshard)"},
+       "ds_config.json: optimizer.type: got \"Adamm\", expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", \"Lion\", "
+       "\"Lamb\""},
+      {with_batch(R"("optimizer": {"type": "onebitadam"})"),
+       "ds_config.json: optimizer.type: got \"onebitadam\", expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", "
+       "\"Lion\", \"Lamb\" (OneBitAdam: not supported by zeroshard)"},
+      {with_batch(R"("optimizer": {"type": "Lamb", "params": {"min_coeff": 2, "max_coeff": 1}})"),
+       "ds_config.json: optimizer.params.min_coeff: got 2, expected at most max_coeff (1)"},
+      {with_batch(R"("optimizer": {"type": "Lamb", "params": {"momentum": 0.9}})"),
+       "ds_config.json: optimizer.params.momentum: not a parameter of Lamb; expected one of \"amsgrad\", \"betas\", "
+       "\"bias_correction\", \"eps\", \"eps_inside_sqrt\", \"lr\", \"max_coeff\", \"min_coeff\", \"weight_decay\""},
       {with_batch(R"("optimizer": {"params": {"lr": 0.1}})"),
-       "ds_config.json: optimizer.type: missing, expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", \"Lion\""},
+       "ds_config.json: optimizer.type: missing, expected one of \"Adam\", \"AdamW\", \"SGD\", \"Adagrad\", \"Lion\", "
+       "\"Lamb\""},
       {with_batch(R"("optimizer": {"type": "Adam", "params": {"amsgrad": true}})"),
        "ds_config.json: optimizer.params.amsgrad: got true, expected false (AMSGrad: not supported by zeroshard)"},
       {with_batch(R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}})"),
@@ -307,7 +314,7 @@ TEST_CASE("\"auto\" takes the default and says so") {
   CHECK(r.gradient_accumulation_steps == 1);
   CHECK(r.train_batch_size == 2);
   CHECK(c.gradient_clipping == 0.0);
-  CHECK(c.optimizer.lr == 1e-3);
+  CHECK(c.optimizer.hyper.lr == 1e-3);
   CHECK(c.zero_optimization.stage == 0);
   const std::vector<std::string> expected = {
       "\"optimizer.params.lr\": \"auto\" -> 0.001 (default)",
@@ -340,8 +347,8 @@ TEST_CASE("comments, defaults, aliases and the resolved config") {
   CHECK(c.communication_data_type == "bf16");
   CHECK(c.grad_accum_dtype == "fp32");
   CHECK(c.optimizer.type == "Adagrad");
-  CHECK(c.optimizer.lr == 1e-2);
-  CHECK(c.optimizer.eps == 1e-10);
+  CHECK(c.optimizer.hyper.lr == 1e-2);
+  CHECK(c.optimizer.hyper.eps == 1e-10);
   CHECK(c.zero_optimization.overlap_comm);  // stage 3 default
   CHECK(c.zero_optimization.stage3_max_live_parameters == 500000000);
   CHECK(c.zero_optimization.stage3_prefetch_bucket_size == 50000000);
@@ -360,11 +367,19 @@ TEST_CASE("comments, defaults, aliases and the resolved config") {
   Config s1 = parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})", "x");
   CHECK(!s1.zero_optimization.overlap_comm);
   Config lion = parse_config(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "LION"}})", "x");
-  CHECK(lion.optimizer.lr == 1e-4);
-  CHECK(lion.optimizer.beta2 == 0.99);
+  CHECK(lion.optimizer.hyper.lr == 1e-4);
+  CHECK(lion.optimizer.hyper.beta2 == 0.99);
+  // DeepSpeed's FusedLamb defaults.
+  Config lamb = parse_config(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "lamb"}})", "x");
+  CHECK(lamb.optimizer.type == "Lamb");
+  CHECK(lamb.optimizer.hyper.lr == 1e-3);
+  CHECK(lamb.optimizer.hyper.beta2 == 0.999);
+  CHECK(lamb.optimizer.hyper.max_coeff == 10.0);
+  CHECK(lamb.optimizer.hyper.min_coeff == 0.01);
+  CHECK(!lamb.optimizer.eps_inside_sqrt);
   Config adamw = parse_config(R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}})", "x");
-  CHECK(adamw.optimizer.weight_decay == 0.01);
+  CHECK(adamw.optimizer.hyper.weight_decay == 0.01);
 }
 
 TEST_CASE("reporting-only and deprecated keys are accepted with one warning note each") {

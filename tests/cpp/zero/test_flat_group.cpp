@@ -1,11 +1,14 @@
-// Flat groups (zero/flat_group.cpp): the pieces of each tensor a rank owns tile the tensor once
-// over the ranks and point at its values, at stages 0-2 (a slice of the flat buffer) and stage 3
-// (per-tensor chunks), for every world size and rank.
+// Flat groups (zero/flat_group.cpp) and their optimizer shards (zero/optimizer_shard.cpp): the
+// pieces of each tensor a rank owns tile the tensor once over the ranks and point at its values,
+// at stages 0-2 (a slice of the flat buffer) and stage 3 (per-tensor chunks), for every world size
+// and rank; the shard's master holds the caller's fp32 values of those pieces.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
+#include "zero/full_values.h"
+#include "zero/optimizer_shard.h"
 
 using namespace zeroshard;
 
@@ -20,24 +23,39 @@ static GroupSpec sharded_spec(int64_t world, int64_t rank, bool partitioned) {
   return spec;
 }
 
+static OptimizerConfig adam() {
+  OptimizerConfig c;
+  c.present = true;
+  c.type = "Adam";
+  return c;
+}
+
 TEST_CASE("owned pieces tile every tensor once over the ranks and hold its values") {
   const std::vector<int64_t> numels = {5, 3, 100, 2, 17};
   std::vector<at::Tensor> params;
   for (int64_t n : numels) params.push_back(at::randn({n}));
-  for (bool partitioned : {false, true}) {
+  const std::pair<bool, at::ScalarType> cases[] = {
+      {false, at::kFloat}, {false, at::kBFloat16}, {true, at::kFloat}, {true, at::kBFloat16}};
+  for (const auto& [partitioned, dtype] : cases) {
     for (int64_t world = 1; world <= 4; ++world) {
       std::vector<std::vector<int>> hits(numels.size());
       for (size_t i = 0; i < numels.size(); ++i) hits[i].assign(size_t(numels[i]), 0);
       for (int64_t rank = 0; rank < world; ++rank) {
-        const GroupSpec spec = sharded_spec(world, rank, partitioned);
+        GroupSpec spec = sharded_spec(world, rank, partitioned);
+        spec.model_dtype = dtype;
         MemoryAccount memory;
         FlatGroup g(params, spec, memory);
+        const auto shard = make_shard(g, params, {}, adam(), memory);
+        // fp32 training keeps one copy: the master is the model copy's owned slice.
+        REQUIRE(shard->shares_model_copy() == (dtype == at::kFloat));
+        REQUIRE(memory.bytes(MemoryCategory::master_weights) ==
+                (dtype == at::kFloat ? 0 : g.owned().numel() * 4));
         for (size_t i = 0; i < numels.size(); ++i) {
           if (const auto piece = g.owned_piece(int64_t(i))) {
             const Intersection& p = *piece;
             REQUIRE(p.numel > 0);
             REQUIRE(p.buffer_begin + p.numel <= g.owned().numel());
-            REQUIRE(at::equal(g.master().narrow(0, p.buffer_begin, p.numel),
+            REQUIRE(at::equal(shard->master().narrow(0, p.buffer_begin, p.numel),
                               params[i].narrow(0, p.tensor_begin, p.numel)));
             for (int64_t e = p.tensor_begin; e < p.tensor_begin + p.numel; ++e) ++hits[i][size_t(e)];
             // Gradients not written yet read as zeros (stage 3 allocates no segment for it).
@@ -54,7 +72,7 @@ TEST_CASE("owned pieces tile every tensor once over the ranks and hold its value
   }
 }
 
-TEST_CASE("write_tensor puts one tensor's values in the parameters and the owned master copy") {
+TEST_CASE("write_tensor_values puts one tensor's values in the parameters and the owned master copy") {
   const std::vector<int64_t> numels = {5, 3, 100, 2, 17};
   std::vector<at::Tensor> params;
   for (int64_t n : numels) params.push_back(at::randn({n}));
@@ -73,24 +91,25 @@ TEST_CASE("write_tensor puts one tensor's values in the parameters and the owned
       }
       MemoryAccount memory;
       FlatGroup g(params, spec, memory);
+      const auto shard = make_shard(g, params, {}, adam(), memory);
       const at::Tensor before = g.params().clone();
-      const at::Tensor master_before = g.master().clone();
-      g.write_tensor(2, values);
+      const at::Tensor master_before = shard->master().clone();
+      write_tensor_values(g, shard.get(), 2, values);
       const auto piece = g.owned_piece(2);
       REQUIRE(piece.has_value());  // 100 elements: every rank owns some at world 3
       const at::Tensor mine = values.narrow(0, piece->tensor_begin, piece->numel);
       if (stage == 0) REQUIRE(piece->numel == 100);
       // The master copy takes the fp32 values exactly; bf16 parameters their rounding.
-      REQUIRE(at::equal(g.master().narrow(0, piece->buffer_begin, piece->numel), mine));
+      REQUIRE(at::equal(shard->master().narrow(0, piece->buffer_begin, piece->numel), mine));
       at::Tensor written = partitioned ? g.params().narrow(0, piece->buffer_begin, piece->numel)
                                        : g.params().narrow(0, g.layout().offsets[2], 100);
       REQUIRE(at::equal(written, (partitioned ? mine : values).to(spec.model_dtype)));
       // Nothing else changed: the parameters and master values outside tensor 2.
       written.copy_(before.narrow(0, written.storage_offset(), written.numel()));
       REQUIRE(at::equal(g.params(), before));
-      g.master().narrow(0, piece->buffer_begin, piece->numel)
+      shard->master().narrow(0, piece->buffer_begin, piece->numel)
           .copy_(master_before.narrow(0, piece->buffer_begin, piece->numel));
-      REQUIRE(at::equal(g.master(), master_before));
+      REQUIRE(at::equal(shard->master(), master_before));
       REQUIRE_THROWS_WITH(g.write_tensor(2, at::zeros({99})),
                           Catch::Contains("99 values for tensor 2 of 100 elements"));
     }

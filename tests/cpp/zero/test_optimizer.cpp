@@ -45,7 +45,7 @@ Config config(int stage) {
 // What the engine's gradient hook does: stages 0/1 accumulate in the flat buffer's view (a fresh
 // gradient after the step is copied in), stages 2/3 hand every gradient over.
 void hand_over(ZeroOptimizer& opt, size_t i, const at::Tensor& grad, bool first_micro) {
-  if (opt.keeps_full_grads() && !first_micro) {
+  if (opt.strategy().keeps_full_grads() && !first_micro) {
     opt.grad_views()[0][i].add_(grad);
     opt.grad_ready(int64_t(i), at::Tensor());
   } else {
@@ -61,7 +61,7 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
   for (size_t i = 0; i < kShapes.size(); ++i) values.push_back(initial(i));
   ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
   std::vector<at::Tensor> params;
-  if (opt.partitions_params()) {
+  if (opt.strategy().partitions_params()) {
     for (const auto& v : values) params.push_back(v.clone());
     opt.coordinator().attach(params);
   }
@@ -80,8 +80,8 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
     opt.step({h}, comm->world_size());
   }
   std::vector<at::Tensor> out;
-  for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_value(int64_t(i), "fp32_param"));
-  if (opt.partitions_params()) {
+  for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_values().get(int64_t(i), "fp32_param"));
+  if (opt.strategy().partitions_params()) {
     std::vector<int64_t> all = {0, 1, 2, 3};
     opt.coordinator().fetch_params(all);
     for (const auto& p : params) out.push_back(p.clone());

@@ -1,0 +1,186 @@
+// The sharded optimizer step; see sharded_step.h.
+#include "zero/sharded_step.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+ShardedStep::ShardedStep(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
+                         ZeroStrategy& strategy, Comm& comm, const Config& config,
+                         const OptimizerConfig& optimizer, TrainingState& state)
+    : groups_(std::move(groups)),
+      shards_(std::move(shards)),
+      strategy_(strategy),
+      comm_(comm),
+      config_(config),
+      optimizer_(optimizer),
+      row_(optimizer_row(optimizer.type)),
+      state_(state) {
+  ZS_CHECK(!groups_.empty() && groups_.size() == shards_.size(), "ShardedStep: ", groups_.size(),
+           " groups and ", shards_.size(), " shards");
+}
+
+std::pair<bool, double> ShardedStep::inspect_gradients() {
+  // One read of the owned gradients (in their own 16-bit or fp32 dtype) gives both the sum of
+  // squares and the inf/nan flag; nothing is converted or allocated.
+  double sum_sq = 0.0;
+  bool finite = true;
+  for (FlatGroup* g : groups_) {
+    for (const auto& piece : g->grad_pieces()) {
+      const auto stats = ops::grad_stats(piece.second);
+      sum_sq += stats.sum_sq;
+      finite = finite && stats.finite;
+    }
+  }
+  if (!finite) sum_sq = INFINITY;
+  sum_sq = global_sum_sq(sum_sq);
+  // Only fp16 skips steps; bf16 and fp32 apply them as DeepSpeed does.
+  const bool overflow = config_.fp16.enabled && !std::isfinite(sum_sq);
+  return {overflow, sum_sq};
+}
+
+double ShardedStep::global_sum_sq(double local_sum_sq) {
+  if (!strategy_.shards_optimizer_state() || comm_.world_size() == 1) return local_sum_sq;
+  // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
+  // On the gradients' device: an NCCL group carries CUDA tensors only.
+  at::Tensor t = at::full({1}, local_sum_sq, groups_[0]->params().options().dtype(at::kDouble));
+  comm_.all_reduce(t, "gradient norm").wait();
+  return t.item<double>();
+}
+
+UpdatePiece ShardedStep::piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad) {
+  OptimizerShard& shard = *shards_[g];
+  const auto part = [&](const at::Tensor& t) { return t.narrow(0, begin, numel); };
+  UpdatePiece p;
+  p.master = part(shard.master());
+  p.grad = grad;
+  for (const auto& s : shard.state()) p.state.push_back(part(s));
+  // A master of its own: the kernels write the updated 16-bit parameters in the same pass.
+  if (!shard.shares_model_copy()) p.param16 = part(groups_[g]->owned_params());
+  return p;
+}
+
+void ShardedStep::apply(size_t g, const GroupHyper& h, const UpdateScalars& s, double* sum_sq) {
+  for (const auto& [offset, grad] : groups_[g]->grad_pieces()) {
+    kernels::GradStats stats;
+    row_.update(piece(g, offset, grad.numel(), grad), h, optimizer_, s, sum_sq ? &stats : nullptr);
+    if (sum_sq) *sum_sq += stats.finite ? stats.sum_sq : INFINITY;
+  }
+}
+
+namespace {
+// Group g's owned gradients [begin, begin + numel): a view where one piece holds them, else a
+// copy (a stage-3 tensor chunk that spans gradient segments).
+at::Tensor grad_range(FlatGroup& g, int64_t begin, int64_t numel) {
+  for (const auto& [offset, grad] : g.grad_pieces()) {
+    if (offset <= begin && begin + numel <= offset + grad.numel()) return grad.narrow(0, begin - offset, numel);
+  }
+  at::Tensor out = at::empty({numel}, g.grad_options());
+  g.copy_owned_grads(begin, numel, out);
+  return out;
+}
+}  // namespace
+
+void ShardedStep::apply_per_tensor(const std::vector<GroupHyper>& hypers,
+                                   std::vector<UpdateScalars> scalars) {
+  // Phase 1: moments, and each tensor's sums of squares over the pieces this rank owns.
+  std::vector<std::vector<std::pair<Intersection, UpdatePiece>>> pieces(groups_.size());
+  std::vector<double> sums;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (int64_t t = 0; t < groups_[g]->num_tensors(); ++t) {
+      sums.push_back(0.0);
+      sums.push_back(0.0);
+      const auto own = groups_[g]->owned_piece(t);
+      if (!own) continue;
+      UpdatePiece p = piece(g, own->buffer_begin, own->numel,
+                            grad_range(*groups_[g], own->buffer_begin, own->numel));
+      row_.tensor_norms(p, hypers[g], optimizer_, scalars[g], &sums[sums.size() - 2], &sums.back());
+      pieces[g].emplace_back(*own, std::move(p));
+    }
+  }
+  // One collective for every tensor's norms: each element is owned by one rank.
+  at::Tensor total = at::tensor(sums, at::dtype(at::kDouble)).to(groups_[0]->params().device());
+  if (strategy_.shards_optimizer_state() && comm_.world_size() > 1) {
+    comm_.all_reduce(total, "Lamb per-tensor norms").wait();
+  }
+  total = total.cpu();
+  const double* n = total.data_ptr<double>();
+  // Phase 2: each piece steps with its whole tensor's trust ratio.
+  size_t base = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (auto& [own, p] : pieces[g]) {
+      UpdateScalars s = scalars[g];
+      s.w_sq = n[base + 2 * size_t(own.index)];
+      s.u_sq = n[base + 2 * size_t(own.index) + 1];
+      row_.update(p, hypers[g], optimizer_, s, nullptr);
+      // A gradient copied out of several segments was read in phase 1 only; nothing to write back.
+    }
+    base += 2 * size_t(groups_[g]->num_tensors());
+  }
+}
+
+StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t samples) {
+  ZS_CHECK(hypers.size() == groups_.size(), "ZeroOptimizer::step: got ", hypers.size(),
+           " hyperparameter sets for ", groups_.size(), " parameter groups");
+  StepResult r;
+  LossScaler& scaler = state_.scaler();
+  r.loss_scale = scaler.scale();
+  // The norm is needed before the update only to clip and to find fp16 overflows. Otherwise a
+  // kernel that fuses it computes it in its own pass, and the gradients are read once, not twice.
+  // (On CUDA the separate pass stays: per-piece statistics would sync between the updates.)
+  const bool norm_in_update = row_.fuses_grad_stats && !config_.fp16.enabled &&
+                              config_.gradient_clipping <= 0.0 && shards_[0]->master().is_cpu();
+  double clip = 1.0;
+  if (norm_in_update) {
+    scaler.update(false);
+  } else {
+    auto [overflow, sum_sq] = inspect_gradients();
+    const bool skip = scaler.update(overflow);
+    if (skip) {
+      // DeepSpeed's default: an overflow at the minimum scale ends the run rather than skipping forever.
+      if (overflow && scaler.at_minimum_after_overflow()) {
+        throw Error(detail::cat("fp16: gradient overflow with the loss scale already at "
+                                "fp16.min_loss_scale (", scaler.scale(), "), so no step can be "
+                                "applied; lower the learning rate or fp16.min_loss_scale, or use bf16"));
+      }
+      state_.count_step(samples, false);
+      r.grad_norm = -1.0;  // DeepSpeed reports no norm for a skipped step
+      return r;
+    }
+    r.grad_norm = std::sqrt(sum_sq) / r.loss_scale;
+    if (config_.gradient_clipping > 0.0) {
+      // The same coefficient as torch.nn.utils.clip_grad_norm_.
+      clip = std::min(1.0, config_.gradient_clipping / (r.grad_norm + 1e-6));
+    }
+  }
+  std::vector<UpdateScalars> scalars(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    scalars[g].step = state_.count_group_step(int64_t(g));
+    scalars[g].grad_scale = clip / r.loss_scale;
+    // As torch.optim: a state created by this step starts from the gradient (SGD's momentum), one
+    // that safe_set_full_optimizer_state created before the first step is continued from.
+    scalars[g].fresh_state = !shards_[g]->has_state();
+    shards_[g]->state();
+  }
+  double local_sum_sq = 0.0;
+  if (row_.tensor_norms) {
+    apply_per_tensor(hypers, scalars);
+  } else {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      apply(g, hypers[g], scalars[g], norm_in_update ? &local_sum_sq : nullptr);
+    }
+  }
+  for (FlatGroup* g : groups_) strategy_.sync_params(*g, comm_);
+  if (norm_in_update) r.grad_norm = std::sqrt(global_sum_sq(local_sum_sq)) / r.loss_scale;
+  state_.count_step(samples, true);
+  r.applied = true;
+  return r;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,60 @@
+// The optimizer step at an accumulation boundary, over every group's shard: the gradients'
+// statistics (global norm, fp16 overflow), the loss scaler's decision, the clipping coefficient,
+// the optimizer table row's update of each shard (with the 16-bit model copy written in the same
+// pass), and the stage strategy's parameter sync. Per-tensor optimizers (Lamb) run in two phases
+// with one collective between them for the whole tensors' norms.
+#pragma once
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "runtime/comm.h"
+#include "runtime/config/config.h"
+#include "runtime/training_state.h"
+#include "zero/flat_group.h"
+#include "zero/optimizer_shard.h"
+#include "zero/strategy.h"
+
+namespace zeroshard {
+
+struct StepResult {
+  bool applied = false;       // false when fp16 overflow skipped the step
+  double grad_norm = 0.0;     // global L2 norm of the averaged, unscaled gradients, before clipping
+  double loss_scale = 1.0;    // the scale used for this step's backward
+};
+
+class ShardedStep {
+ public:
+  // groups[i]'s optimizer state is shards[i]. Everything is owned by the caller and outlives this.
+  ShardedStep(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
+              ZeroStrategy& strategy, Comm& comm, const Config& config,
+              const OptimizerConfig& optimizer, TrainingState& state);
+
+  // Updates every shard with its group's hyperparameters, or skips the step (fp16 overflow);
+  // counts it in the training state either way. The caller zeroes the gradients afterwards.
+  StepResult run(const std::vector<GroupHyper>& hypers, int64_t samples);
+
+ private:
+  // Overflow flag and global sum of squares of the owned gradients.
+  std::pair<bool, double> inspect_gradients();
+  // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
+  double global_sum_sq(double local_sum_sq);
+  // The piece [begin, begin + numel) of group g's owned range.
+  UpdatePiece piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad);
+  // Elementwise rows: piece by piece over the owned range (one piece, or stage 3's gradient
+  // segments). sum_sq, when not null, gets the gradients' sum of squares (rows that fuse it).
+  void apply(size_t g, const GroupHyper& h, const UpdateScalars& s, double* sum_sq);
+  // Per-tensor rows: every tensor's owned piece, norms summed over ranks, then the update.
+  void apply_per_tensor(const std::vector<GroupHyper>& hypers, std::vector<UpdateScalars> scalars);
+
+  std::vector<FlatGroup*> groups_;
+  std::vector<OptimizerShard*> shards_;
+  ZeroStrategy& strategy_;
+  Comm& comm_;
+  const Config& config_;
+  const OptimizerConfig& optimizer_;
+  const OptimizerRow& row_;
+  TrainingState& state_;
+};
+
+}  // namespace zeroshard
