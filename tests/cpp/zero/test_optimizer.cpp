@@ -1,10 +1,12 @@
 // The ZeRO optimizer (zero/optimizer.cpp) with its reducers and, at stage 3, its parameter
 // coordinator, in one process: ranks as threads of the in-process world, stages 0-3, world 1-4,
-// gradient accumulation 1 and 2, against AdamW written out on whole tensors.
+// gradient accumulation 1 and 2, against AdamW written out on whole tensors; gradient_clipping
+// against torch.nn.utils.clip_grad_norm_'s coefficient.
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -116,6 +118,40 @@ std::vector<at::Tensor> reference(int world, int gas) {
   return p;
 }
 
+// Adam's eps at the scale of the gradients, so that its step, unlike plain Adam's, changes with
+// the gradient's scale and shows a clip coefficient.
+constexpr double kClipAdamEps = 1.0;
+
+struct ClipResult {
+  std::vector<at::Tensor> values;  // every tensor's fp32 master value after one step
+  double grad_norm = 0.0;
+};
+
+ClipResult clipped_step(int stage, const std::string& type, double clip, int rank,
+                        std::shared_ptr<Comm> comm) {
+  const std::string json = std::string("{\"train_micro_batch_size_per_gpu\": 1, ") +
+      "\"gradient_clipping\": " + std::to_string(clip) + ", \"optimizer\": {\"type\": \"" + type +
+      "\"}, \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+      ", \"reduce_bucket_size\": 20, \"stage3_param_persistence_threshold\": 0}}";
+  const Config cfg = parse_config(json, "<test_optimizer>");
+  std::vector<at::Tensor> values, params;
+  for (size_t i = 0; i < kShapes.size(); ++i) values.push_back(initial(i));
+  ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
+  if (opt.partitions_params()) {
+    for (const auto& v : values) params.push_back(v.clone());
+    opt.coordinator().attach(params);
+  }
+  GroupHyper h;
+  h.lr = kLr, h.weight_decay = 0.0, h.eps = kClipAdamEps;
+  opt.before_backward(true);
+  for (size_t i = kShapes.size(); i-- > 0;) hand_over(opt, i, gradient(i, rank, 0, 0), true);
+  opt.after_backward(true);
+  ClipResult out;
+  out.grad_norm = opt.step({h}, comm->world_size()).grad_norm;
+  for (size_t i = 0; i < kShapes.size(); ++i) out.values.push_back(opt.full_value(int64_t(i), "fp32_param"));
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("the ZeRO step at stages 0-3 matches AdamW on the mean gradient at world 1-4") {
@@ -165,6 +201,50 @@ TEST_CASE("stages 2 and 3 refuse a second gradient for one parameter in one back
     for (const auto& message : got) {
       REQUIRE_THAT(message, Catch::Contains("gradient of parameter 0 arrived twice in one backward") &&
                                 Catch::Contains("use_reentrant=False"));
+    }
+  }
+}
+
+TEST_CASE("gradient_clipping scales the step by clip_grad_norm_'s coefficient at stages 0-3") {
+  for (const std::string type : {"SGD", "AdamW"}) {
+    for (const double clip : {0.5, 100.0}) {
+      for (int world = 1; world <= 4; ++world) {
+        // The mean gradient, its global L2 norm, and torch.nn.utils.clip_grad_norm_'s coefficient.
+        std::vector<at::Tensor> mean;
+        double sum_sq = 0.0;
+        for (size_t i = 0; i < kShapes.size(); ++i) {
+          at::Tensor g = at::zeros(kShapes[i], at::kDouble);
+          for (int r = 0; r < world; ++r) g += gradient(i, r, 0, 0).to(at::kDouble);
+          mean.push_back(g / world);
+          sum_sq += mean.back().pow(2).sum().item<double>();
+        }
+        const double norm = std::sqrt(sum_sq);
+        const double coef = std::min(1.0, clip / (norm + 1e-6));
+        // The small clip must clip, the large one must not.
+        REQUIRE((clip < 1.0 ? coef < 0.5 : coef == 1.0));
+        for (int stage = 0; stage <= 3; ++stage) {
+          CAPTURE(type, clip, world, stage, norm, coef);
+          auto got = run_in_process_world<ClipResult>(world, [&](int rank, std::shared_ptr<Comm> comm) {
+            return clipped_step(stage, type, clip, rank, comm);
+          });
+          for (int rank = 0; rank < world; ++rank) {
+            CAPTURE(rank);
+            const ClipResult& mine = got[size_t(rank)];
+            // Reported before clipping (StepResult::grad_norm).
+            REQUIRE(std::abs(mine.grad_norm - norm) <= 1e-5 * norm);
+            for (size_t i = 0; i < kShapes.size(); ++i) {
+              CAPTURE(i);
+              const at::Tensor g = mean[i] * coef;
+              // One step from zero state: SGD's lr * g; Adam's bias-corrected m / (sqrt(v) + eps)
+              // is g / (|g| + eps).
+              const at::Tensor update = type == "SGD" ? g * kLr : g / (g.abs() + kClipAdamEps) * kLr;
+              const at::Tensor want = initial(i).to(at::kDouble) - update;
+              const double err = (mine.values[i].to(at::kDouble) - want).abs().max().item<double>();
+              REQUIRE(err <= 1e-6 * want.abs().max().item<double>());
+            }
+          }
+        }
+      }
     }
   }
 }
