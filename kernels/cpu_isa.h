@@ -20,6 +20,10 @@ Isa best_cpu_isa();
 // or set_cpu_isa(). Asking for one this CPU lacks returns unsupported and changes nothing.
 Isa cpu_isa();
 Status set_cpu_isa(Isa isa);
+// What ZEROSHARD_CPU_ISA asks for, read now (cpu_isa() reads it once, on first use):
+// best_cpu_isa() when unset, or, with a warning (kernels/warn.h), for a value that is no ISA
+// name or names one this CPU lacks.
+Isa cpu_isa_from_env();
 
 // Threads per kernel call: set_cpu_threads(n > 0), else ZEROSHARD_CPU_THREADS, else OpenMP's
 // default (OMP_NUM_THREADS or the core count). set_cpu_threads(0) goes back to the default.

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "kernels/warn.h"
+
 namespace zeroshard {
 namespace {
 std::mutex sink_mutex;
@@ -12,6 +14,8 @@ std::function<void(const std::string&)>& sink() {
   static auto* s = new std::function<void(const std::string&)>();
   return *s;
 }
+
+void forward_kernel_warning(const char* message) { warn(message); }
 }  // namespace
 
 void warn(const std::string& message) {
@@ -28,6 +32,9 @@ void warn(const std::string& message) {
 }
 
 void set_warning_sink(std::function<void(const std::string&)> s) {
+  // kernels/ cannot include this file: its warnings come here from the first sink on.
+  static std::once_flag kernels_forwarded;
+  std::call_once(kernels_forwarded, [] { kernels::set_warning_handler(&forward_kernel_warning); });
   std::lock_guard<std::mutex> lock(sink_mutex);
   sink() = std::move(s);
 }

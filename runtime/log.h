@@ -1,6 +1,6 @@
 // The runtime's one channel for warnings: a sink that the Python package points at its logger
 // (zeroshard.log), standard error until then or once Python is gone. Never for errors: those
-// are thrown (runtime/error.h).
+// are thrown (runtime/error.h). kernels/ warnings (kernels/warn.h) come here once a sink is set.
 #pragma once
 #include <functional>
 #include <string>

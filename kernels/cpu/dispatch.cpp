@@ -11,15 +11,16 @@ static int omp_get_max_threads() { return 1; }
 
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/warn.h"
 
 namespace zeroshard::kernels {
 
@@ -69,27 +70,27 @@ Isa best_cpu_isa() {
   return best;
 }
 
-namespace {
-
-Isa isa_from_env() {
+Isa cpu_isa_from_env() {
   const char* env = std::getenv("ZEROSHARD_CPU_ISA");
   if (env == nullptr || *env == '\0') return best_cpu_isa();
   Isa isa;
+  const std::string asked = std::string("ZEROSHARD_CPU_ISA=") + env;
+  const std::string best = isa_name(best_cpu_isa());
   if (!parse_isa(env, &isa)) {
-    std::fprintf(stderr, "zeroshard: ZEROSHARD_CPU_ISA=%s: expected one of scalar, avx2, avx512; using %s\n",
-                 env, isa_name(best_cpu_isa()));
+    warn((asked + ": expected one of scalar, avx2, avx512; using " + best).c_str());
     return best_cpu_isa();
   }
   if (!cpu_isa_supported(isa)) {
-    std::fprintf(stderr, "zeroshard: ZEROSHARD_CPU_ISA=%s: this CPU does not support it; using %s\n",
-                 env, isa_name(best_cpu_isa()));
+    warn((asked + ": this CPU does not support it; using " + best).c_str());
     return best_cpu_isa();
   }
   return isa;
 }
 
+namespace {
+
 std::atomic<int>& isa_slot() {
-  static std::atomic<int> slot{int(isa_from_env())};
+  static std::atomic<int> slot{int(cpu_isa_from_env())};
   return slot;
 }
 
@@ -98,7 +99,7 @@ int threads_from_env() {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
     if (end != env && *end == '\0' && n > 0 && n <= 4096) return int(n);
-    std::fprintf(stderr, "zeroshard: ZEROSHARD_CPU_THREADS=%s: expected a positive integer; ignored\n", env);
+    warn((std::string("ZEROSHARD_CPU_THREADS=") + env + ": expected a positive integer; ignored").c_str());
   }
   return 0;
 }

@@ -1,14 +1,18 @@
-// Tests kernels/cpu_isa.h: the dispatcher picks the best ISA this CPU has, refuses ones it lacks,
-// and every ISA available here converts fp32 <-> bf16 / fp16 bit-exactly like the scalar path.
+// Tests kernels/cpu_isa.h: the dispatcher picks the best ISA this CPU has, refuses ones it lacks
+// (and warns about a bad ZEROSHARD_CPU_ISA), and every ISA available here converts
+// fp32 <-> bf16 / fp16 bit-exactly like the scalar path.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu_isa.h"
+#include "kernels/warn.h"
 
 using namespace zeroshard::kernels;
 
@@ -72,6 +76,46 @@ TEST_CASE("set_cpu_isa accepts supported ISAs and refuses the rest", "[isa]") {
   CHECK(parse_isa("avx2", &parsed));
   CHECK(parsed == Isa::avx2);
   CHECK_FALSE(parse_isa("sse9", &parsed));
+}
+
+namespace {
+std::vector<std::string> g_warnings;
+void collect_warning(const char* message) { g_warnings.emplace_back(message); }
+
+// Routes kernels/warn.h into g_warnings and owns ZEROSHARD_CPU_ISA for one test; both are put
+// back afterwards, a failed REQUIRE included.
+struct IsaEnvGuard {
+  const char* saved = std::getenv("ZEROSHARD_CPU_ISA");
+  std::string saved_value = saved ? saved : "";
+  IsaEnvGuard() { set_warning_handler(&collect_warning); }
+  ~IsaEnvGuard() {
+    set_warning_handler(nullptr);
+    if (saved) setenv("ZEROSHARD_CPU_ISA", saved_value.c_str(), 1);
+    else unsetenv("ZEROSHARD_CPU_ISA");
+  }
+};
+}  // namespace
+
+TEST_CASE("ZEROSHARD_CPU_ISA: a bad or unsupported value warns and gives the best ISA", "[isa]") {
+  IsaEnvGuard guard;
+  const std::string best = isa_name(best_cpu_isa());
+  // (value, ISA it gives, warning or "")
+  std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"", best, ""},
+      {"scalar", "scalar", ""},
+      {"sse9", best, "ZEROSHARD_CPU_ISA=sse9: expected one of scalar, avx2, avx512; using " + best}};
+  for (Isa i : {Isa::avx2, Isa::avx512})
+    if (!cpu_isa_supported(i))
+      cases.emplace_back(isa_name(i), best, std::string("ZEROSHARD_CPU_ISA=") + isa_name(i) +
+                                                ": this CPU does not support it; using " + best);
+  for (const auto& [value, expected_isa, warning] : cases) {
+    INFO("ZEROSHARD_CPU_ISA=" << value);
+    g_warnings.clear();
+    setenv("ZEROSHARD_CPU_ISA", value.c_str(), 1);
+    REQUIRE(isa_name(cpu_isa_from_env()) == expected_isa);
+    REQUIRE(g_warnings == (warning.empty() ? std::vector<std::string>{}
+                                           : std::vector<std::string>{warning}));
+  }
 }
 
 TEST_CASE("thread count can be overridden", "[isa]") {
