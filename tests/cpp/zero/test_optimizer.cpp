@@ -137,7 +137,7 @@ ClipResult clipped_step(int stage, const std::string& type, double clip, int ran
   std::vector<at::Tensor> values, params;
   for (size_t i = 0; i < kShapes.size(); ++i) values.push_back(initial(i));
   ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
-  if (opt.partitions_params()) {
+  if (opt.strategy().partitions_params()) {
     for (const auto& v : values) params.push_back(v.clone());
     opt.coordinator().attach(params);
   }
@@ -148,7 +148,7 @@ ClipResult clipped_step(int stage, const std::string& type, double clip, int ran
   opt.after_backward(true);
   ClipResult out;
   out.grad_norm = opt.step({h}, comm->world_size()).grad_norm;
-  for (size_t i = 0; i < kShapes.size(); ++i) out.values.push_back(opt.full_value(int64_t(i), "fp32_param"));
+  for (size_t i = 0; i < kShapes.size(); ++i) out.values.push_back(opt.full_values().get(int64_t(i), "fp32_param"));
   return out;
 }
 
