@@ -18,21 +18,21 @@ void read_pipeline(Block& top, Config& c) {
   } else {
     p.out()["stages"] = "auto";
   }
-  pc.partition = p.get_string("partition", "best");
-  pc.seed_layers = p.get_bool("seed_layers", false);
-  pc.activation_checkpoint_interval = p.get_int("activation_checkpoint_interval", 0, 0);
-  pc.pipe_partitioned = p.get_bool("pipe_partitioned", true);
-  pc.grad_partitioned = p.get_bool("grad_partitioned", true);
+  pc.partition = p.get_string("partition", pc.partition);
+  pc.seed_layers = p.get_bool("seed_layers", pc.seed_layers);
+  pc.activation_checkpoint_interval = p.get_int("activation_checkpoint_interval", pc.activation_checkpoint_interval, 0);
+  pc.pipe_partitioned = p.get_bool("pipe_partitioned", pc.pipe_partitioned);
+  pc.grad_partitioned = p.get_bool("grad_partitioned", pc.grad_partitioned);
   p.finish();
 }
 
 void read_checkpoint(Block& top, Config& c) {
   Block k = top.child("checkpoint");
-  c.checkpoint.tag_validation = k.get_enum("tag_validation", "Warn", {"Ignore", "Warn", "Fail"});
-  c.checkpoint.load_universal = k.get_bool("load_universal", false);
-  c.checkpoint.use_node_local_storage = k.get_bool("use_node_local_storage", false);
+  c.checkpoint.tag_validation = k.get_enum("tag_validation", c.checkpoint.tag_validation, {"Ignore", "Warn", "Fail"});
+  c.checkpoint.load_universal = k.get_bool("load_universal", c.checkpoint.load_universal);
+  c.checkpoint.use_node_local_storage = k.get_bool("use_node_local_storage", c.checkpoint.use_node_local_storage);
   Block pw = k.child("parallel_write");
-  c.checkpoint.parallel_write_pipeline_stage = pw.get_bool("pipeline_stage", false);
+  c.checkpoint.parallel_write_pipeline_stage = pw.get_bool("pipeline_stage", c.checkpoint.parallel_write_pipeline_stage);
   pw.finish();
   k.finish();
 }
@@ -46,10 +46,10 @@ void read_data_types(Block& top, Config& c) {
 MonitorConfig read_monitor(Block& top, const std::string& name) {
   Block m = top.child(name);
   MonitorConfig mc;
-  mc.enabled = m.get_bool("enabled", false);
+  mc.enabled = m.get_bool("enabled", mc.enabled);
   if (name == "tensorboard" || name == "csv_monitor") {
-    mc.output_path = m.get_string("output_path", "");
-    mc.job_name = m.get_string("job_name", "DeepSpeedJobName");
+    mc.output_path = m.get_string("output_path", mc.output_path);
+    mc.job_name = m.get_string("job_name", mc.job_name);
   } else if (name == "wandb") {
     mc.group = m.get_opt_string("group").value_or("");
     mc.team = m.get_opt_string("team").value_or("");
@@ -76,11 +76,11 @@ void read_activation_checkpointing(Block& top, Config& c) {
   a.reject_unless_default("contiguous_memory_optimization", false, "contiguous activation memory");
   a.reject_unless_default("cpu_checkpointing", false, "CPU activation checkpointing");
   ac.number_checkpoints = a.get_opt_int("number_checkpoints", 0);
-  ac.synchronize_checkpoint_boundary = a.get_bool("synchronize_checkpoint_boundary", false);
+  ac.synchronize_checkpoint_boundary = a.get_bool("synchronize_checkpoint_boundary", ac.synchronize_checkpoint_boundary);
   if (ac.synchronize_checkpoint_boundary)
     top.ctx().warn_ignored(a.path_of("synchronize_checkpoint_boundary"), true,
                            "zeroshard does not provide DeepSpeed's activation checkpointing API");
-  ac.profile = a.get_bool("profile", false);
+  ac.profile = a.get_bool("profile", ac.profile);
   if (ac.profile)
     top.ctx().warn_ignored(a.path_of("profile"), true, "zeroshard does not profile activation checkpointing");
   a.finish();
@@ -89,12 +89,12 @@ void read_activation_checkpointing(Block& top, Config& c) {
 void read_flops_profiler(Block& top, Config& c) {
   Block f = top.child("flops_profiler");
   FlopsProfilerConfig& fc = c.flops_profiler;
-  fc.enabled = f.get_bool("enabled", false);
+  fc.enabled = f.get_bool("enabled", fc.enabled);
   f.get_number("recompute_fwd_factor", 0.0, 0);
-  fc.profile_step = f.get_int("profile_step", 1, 1);
-  fc.module_depth = f.get_int("module_depth", -1, -1);
-  fc.top_modules = f.get_int("top_modules", 1, 1);
-  fc.detailed = f.get_bool("detailed", true);
+  fc.profile_step = f.get_int("profile_step", fc.profile_step, 1);
+  fc.module_depth = f.get_int("module_depth", fc.module_depth, -1);
+  fc.top_modules = f.get_int("top_modules", fc.top_modules, 1);
+  fc.detailed = f.get_bool("detailed", fc.detailed);
   fc.output_file = f.get_opt_string("output_file").value_or("");
   f.finish();
   if (fc.enabled) top.ctx().warn_ignored("flops_profiler.enabled", true, "zeroshard has no FLOPs profiler");
@@ -103,10 +103,10 @@ void read_flops_profiler(Block& top, Config& c) {
 void read_comms_logger(Block& top, Config& c) {
   Block l = top.child("comms_logger");
   CommsLoggerConfig& lc = c.comms_logger;
-  lc.enabled = l.get_bool("enabled", false);
-  lc.verbose = l.get_bool("verbose", false);
-  lc.prof_all = l.get_bool("prof_all", true);
-  lc.debug = l.get_bool("debug", false);
+  lc.enabled = l.get_bool("enabled", lc.enabled);
+  lc.verbose = l.get_bool("verbose", lc.verbose);
+  lc.prof_all = l.get_bool("prof_all", lc.prof_all);
+  lc.debug = l.get_bool("debug", lc.debug);
   if (const json* ops = l.raw("prof_ops")) {
     bool ok = ops->is_array();
     if (ok)

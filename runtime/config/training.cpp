@@ -36,14 +36,14 @@ void read_batch(Block& top, Config& c) {
 
 void read_precision(Block& top, Config& c) {
   Block f = top.child("fp16");
-  c.fp16.enabled = f.get_bool("enabled", false);
-  c.fp16.auto_cast = f.get_bool("auto_cast", false);
-  c.fp16.loss_scale = f.get_number("loss_scale", 0.0, 0);
-  c.fp16.initial_scale_power = f.get_int("initial_scale_power", 16, 0, 127);
-  c.fp16.loss_scale_window = f.get_int("loss_scale_window", 1000, 1);
-  c.fp16.hysteresis = f.get_int("hysteresis", 2, 1);
-  c.fp16.consecutive_hysteresis = f.get_bool("consecutive_hysteresis", false);
-  c.fp16.min_loss_scale = f.get_number("min_loss_scale", 1.0, 0);
+  c.fp16.enabled = f.get_bool("enabled", c.fp16.enabled);
+  c.fp16.auto_cast = f.get_bool("auto_cast", c.fp16.auto_cast);
+  c.fp16.loss_scale = f.get_number("loss_scale", c.fp16.loss_scale, 0);
+  c.fp16.initial_scale_power = f.get_int("initial_scale_power", c.fp16.initial_scale_power, 0, 127);
+  c.fp16.loss_scale_window = f.get_int("loss_scale_window", c.fp16.loss_scale_window, 1);
+  c.fp16.hysteresis = f.get_int("hysteresis", c.fp16.hysteresis, 1);
+  c.fp16.consecutive_hysteresis = f.get_bool("consecutive_hysteresis", c.fp16.consecutive_hysteresis);
+  c.fp16.min_loss_scale = f.get_number("min_loss_scale", c.fp16.min_loss_scale, 0);
   f.reject_unless_default("fp16_master_weights_and_grads", false, "fp16 master weights");
   f.finish();
 
@@ -52,8 +52,8 @@ void read_precision(Block& top, Config& c) {
   const json* old = top.raw("bfloat16");
   if (bf16 && old) top.fail("bfloat16", "given together with \"bf16\"; it is the old name of the same block, keep one");
   Block b(bf16 ? bf16 : old, bf16 ? "bf16" : (old ? "bfloat16" : "bf16"), top.ctx(), top.out()["bf16"]);
-  c.bf16.enabled = b.get_bool("enabled", false);
-  c.bf16.immediate_grad_update = b.get_bool("immediate_grad_update", false);
+  c.bf16.enabled = b.get_bool("enabled", c.bf16.enabled);
+  c.bf16.immediate_grad_update = b.get_bool("immediate_grad_update", c.bf16.immediate_grad_update);
   b.reject_unless_default("check_grad_overflow", false, "bf16 overflow checking");
   b.reject_unless_default("bf16_master_weights_and_grads", false, "bf16 master weights");
   b.reject_unless_default("bf16_optimizer_states", false, "bf16 optimizer states");
@@ -63,26 +63,26 @@ void read_precision(Block& top, Config& c) {
 }
 
 void read_training_scalars(Block& top, Config& c) {
-  c.gradient_clipping = top.get_number("gradient_clipping", 0.0, 0);
+  c.gradient_clipping = top.get_number("gradient_clipping", c.gradient_clipping, 0);
   // DeepSpeed's code default is None (never print); 10 is its documented default and more useful.
-  c.steps_per_print = top.get_int("steps_per_print", 10, 1);
-  c.prescale_gradients = top.get_bool("prescale_gradients", false);
-  c.gradient_predivide_factor = top.get_number("gradient_predivide_factor", 1.0, 0);
+  c.steps_per_print = top.get_int("steps_per_print", c.steps_per_print, 1);
+  c.prescale_gradients = top.get_bool("prescale_gradients", c.prescale_gradients);
+  c.gradient_predivide_factor = top.get_number("gradient_predivide_factor", c.gradient_predivide_factor, 0);
   if (c.gradient_predivide_factor == 0)
     top.fail("gradient_predivide_factor", "got 0, expected a number > 0");
   c.communication_data_type = read_dtype(top, "communication_data_type");
-  c.zero_allow_untested_optimizer = top.get_bool("zero_allow_untested_optimizer", false);
-  c.zero_force_ds_cpu_optimizer = top.get_bool("zero_force_ds_cpu_optimizer", true);
-  c.dataloader_drop_last = top.get_bool("dataloader_drop_last", false);
+  c.zero_allow_untested_optimizer = top.get_bool("zero_allow_untested_optimizer", c.zero_allow_untested_optimizer);
+  c.zero_force_ds_cpu_optimizer = top.get_bool("zero_force_ds_cpu_optimizer", c.zero_force_ds_cpu_optimizer);
+  c.dataloader_drop_last = top.get_bool("dataloader_drop_last", c.dataloader_drop_last);
   top.reject_unless_default("sparse_gradients", false, "sparse gradients");
   // Reporting-only switches: accepted so DeepSpeed configs load, noted so nobody waits for output.
-  c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", false);
+  c.wall_clock_breakdown = top.get_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   if (c.wall_clock_breakdown)
     top.ctx().warn_ignored("wall_clock_breakdown", true, "zeroshard does not print per-phase timers");
-  c.memory_breakdown = top.get_bool("memory_breakdown", false);
+  c.memory_breakdown = top.get_bool("memory_breakdown", c.memory_breakdown);
   if (c.memory_breakdown)
     top.ctx().warn_ignored("memory_breakdown", true, "zeroshard does not print DeepSpeed's memory usage lines");
-  c.dump_state = top.get_bool("dump_state", false);
+  c.dump_state = top.get_bool("dump_state", c.dump_state);
   if (c.dump_state) top.ctx().warn_ignored("dump_state", true, "zeroshard does not dump engine state");
 }
 

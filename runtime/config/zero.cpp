@@ -47,9 +47,9 @@ void read_offload_param(Block& z, ZeroConfig& zc, bool deprecated_cpu, bool depr
   OffloadParamConfig& o = zc.offload_param;
   o.device = b.get_enum("device", deprecated_cpu ? "cpu" : "none", kDevices);
   o.nvme_path = b.get_opt_string("nvme_path").value_or("");
-  o.buffer_count = b.get_int("buffer_count", 5, 0);
-  o.buffer_size = b.get_int("buffer_size", 100000000, 0);
-  o.max_in_cpu = b.get_int("max_in_cpu", 1000000000, 0);
+  o.buffer_count = b.get_int("buffer_count", o.buffer_count, 0);
+  o.buffer_size = b.get_int("buffer_size", o.buffer_size, 0);
+  o.max_in_cpu = b.get_int("max_in_cpu", o.max_in_cpu, 0);
   o.pin_memory = b.get_bool("pin_memory", deprecated_pin);
   require_nvme_path(b, o.device, o.nvme_path);
   b.finish();
@@ -60,12 +60,12 @@ void read_offload_optimizer(Block& z, ZeroConfig& zc, bool deprecated_cpu, bool 
   OffloadOptimizerConfig& o = zc.offload_optimizer;
   o.device = b.get_enum("device", deprecated_cpu ? "cpu" : "none", kDevices);
   o.nvme_path = b.get_opt_string("nvme_path").value_or("");
-  o.buffer_count = b.get_int("buffer_count", 4, 0);
+  o.buffer_count = b.get_int("buffer_count", o.buffer_count, 0);
   o.pin_memory = b.get_bool("pin_memory", deprecated_pin);
-  o.pipeline_read = b.get_bool("pipeline_read", false);
-  o.pipeline_write = b.get_bool("pipeline_write", false);
-  o.fast_init = b.get_bool("fast_init", false);
-  o.ratio = b.get_number("ratio", 1.0, 0, 1);
+  o.pipeline_read = b.get_bool("pipeline_read", o.pipeline_read);
+  o.pipeline_write = b.get_bool("pipeline_write", o.pipeline_write);
+  o.fast_init = b.get_bool("fast_init", o.fast_init);
+  o.ratio = b.get_number("ratio", o.ratio, 0, 1);
   // Partial offload (ZeRO-Offload++ "Twin-Flow") splits the step between CPU and GPU optimizers.
   if (o.ratio < 1.0)
     b.fail("ratio", "got " + show(b.out()["ratio"]) + ", expected 1 (partial optimizer offload: not supported by zeroshard)");
@@ -192,12 +192,12 @@ void read_zero(Block& top, Config& c) {
 
 void read_aio(Block& top, Config& c) {
   Block a = top.child("aio");
-  c.aio.block_size = a.get_int("block_size", 1048576, 1);
-  c.aio.queue_depth = a.get_int("queue_depth", 8, 1);
-  c.aio.intra_op_parallelism = a.get_int("intra_op_parallelism", 1, 1);
-  c.aio.single_submit = a.get_bool("single_submit", false);
-  c.aio.overlap_events = a.get_bool("overlap_events", true);
-  c.aio.use_gds = a.get_bool("use_gds", false);
+  c.aio.block_size = a.get_int("block_size", c.aio.block_size, 1);
+  c.aio.queue_depth = a.get_int("queue_depth", c.aio.queue_depth, 1);
+  c.aio.intra_op_parallelism = a.get_int("intra_op_parallelism", c.aio.intra_op_parallelism, 1);
+  c.aio.single_submit = a.get_bool("single_submit", c.aio.single_submit);
+  c.aio.overlap_events = a.get_bool("overlap_events", c.aio.overlap_events);
+  c.aio.use_gds = a.get_bool("use_gds", c.aio.use_gds);
   if (a.has("thread_count")) {
     // DeepSpeed's docs still show thread_count; its code reads only intra_op_parallelism.
     a.get_int("thread_count", 1, 1);
