@@ -13,7 +13,7 @@ from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm
 from zeroshard.config import load_config
 from zeroshard.dataloader import make_dataloader
-from zeroshard.log import log_rank0, logger
+from zeroshard.log import log_rank0, logger, note_rank0
 from zeroshard.lr_schedules import ConfigLRScheduler
 from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec
 from zeroshard.zero import hooks as zero_hooks
@@ -70,7 +70,7 @@ class ZeroShardEngine(torch.nn.Module):
         s = _C.engine_settings(self._config)
         self._settings = s
         for note in self._config.notes:
-            log_rank0(note, self.global_rank)
+            note_rank0(note, self.global_rank)
         log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
         _C.require_buildable(self._config)  # before the model is touched
 

@@ -35,3 +35,12 @@ atexit.register(_stop_runtime_warnings)
 def log_rank0(msg: str, rank: int) -> None:
     if rank == 0 or all_ranks_log():
         logger.info(msg if rank == 0 and not all_ranks_log() else f"[rank {rank}] {msg}")
+
+
+def note_rank0(note: str, rank: int) -> None:
+    """A config note (runtime/config's notes): those that start "warning: " at WARNING, like the
+    runtime's own warnings, the rest ("auto" resolutions) at INFO."""
+    if not note.startswith("warning: "):
+        log_rank0(note, rank)
+    elif rank == 0 or all_ranks_log():
+        logger.warning(note if rank == 0 and not all_ranks_log() else f"[rank {rank}] {note}")

@@ -523,3 +523,27 @@ def test_a_script_without_a_launcher_runs_as_a_world_of_one_and_logs_progress():
     for field in ("loss", "lr", "loss_scale", "samples/s", "parameters=", "gradients=",
                   "master_weights=", "optimizer_state="):
         assert field in lines[0], lines[0]
+
+
+def _config_notes_worker():
+    import logging
+
+    import zeroshard
+    from models import tiny_gpt
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("zeroshard").addHandler(handler)
+    logging.getLogger("zeroshard").setLevel(logging.INFO)
+    cfg = _base_config(optimizer={"type": "AdamW", "legacy_fusion": True, "params": {"betas": "auto"}})
+    zeroshard.initialize(model=tiny_gpt(), config=cfg)
+    return [(r.levelname, r.getMessage()) for r in records if "legacy_fusion" in r.getMessage()
+            or "auto" in r.getMessage()]
+
+
+def test_config_warnings_are_logged_as_warnings_and_auto_resolutions_as_info():
+    seen = run_distributed(_config_notes_worker, 1)[0]
+    assert ("WARNING", "warning: optimizer.legacy_fusion: got true, accepted and ignored: zeroshard "
+            "has one fp16 optimizer path") in seen, seen
+    assert ("INFO", '"optimizer.params.betas": "auto" -> [0.9,0.999] (default)') in seen, seen
