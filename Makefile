@@ -35,8 +35,8 @@ setup-system:
 	fi
 
 setup-python:
-	@$(PY) -c "import torch, numpy, pytest, scikit_build_core, ninja; assert torch.__version__.split('+')[0] == '2.11.0'" 2>/dev/null || \
-	  $(PIP) install -q -c constraints.txt torch numpy pytest scikit-build-core ninja
+	@$(PY) -c "import torch, numpy, pytest, scikit_build_core, ninja, safetensors; assert torch.__version__.split('+')[0] == '2.11.0'" 2>/dev/null || \
+	  $(PIP) install -q -c constraints.txt torch numpy pytest scikit-build-core ninja safetensors
 
 clean:
 	rm -rf build

@@ -213,21 +213,27 @@ at::Tensor lamb_update(const at::Tensor& param, const at::Tensor& m, const at::T
 }  // namespace
 
 void lamb_moments(const at::Tensor& param, const at::Tensor& grad, at::Tensor m, at::Tensor v,
-                  const kernels::LambParams& p, double* w_sq, double* u_sq) {
+                  const kernels::LambParams& p, at::Tensor sums) {
   check(param, param, "lamb_moments", "param");
   check(grad, param, "lamb_moments", "grad");
   check(m, param, "lamb_moments", "exp_avg");
   check(v, param, "lamb_moments", "exp_avg_sq");
+  if (sums.scalar_type() != at::kDouble || sums.numel() != 2 || !sums.is_contiguous() ||
+      sums.device() != param.device()) {
+    throw std::invalid_argument("lamb_moments: sums must be 2 contiguous float64 elements on " +
+                                param.device().str() + "; got " + describe(sums));
+  }
   if (param.is_cpu()) {
+    double* s = sums.data_ptr<double>();
     ok(kernels::lamb_moments(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
-                             v.data_ptr<float>(), param.numel(), p, w_sq, u_sq), "lamb_moments");
+                             v.data_ptr<float>(), param.numel(), p, &s[0], &s[1]), "lamb_moments");
     return;
   }
   const at::Tensor g = grad.mul(p.grad_scale);
   m.mul_(p.beta1).add_(g, 1.0 - p.beta1);
   v.mul_(p.beta2).addcmul_(g, g, 1.0 - p.beta2);
-  *w_sq += param.to(at::kDouble).pow(2).sum().item<double>();
-  *u_sq += lamb_update(param, m, v, p).to(at::kDouble).pow(2).sum().item<double>();
+  sums.narrow(0, 0, 1).add_(param.to(at::kDouble).square().sum());
+  sums.narrow(0, 1, 1).add_(lamb_update(param, m, v, p).to(at::kDouble).square().sum());
 }
 
 void lamb_apply(at::Tensor param, const at::Tensor& m, const at::Tensor& v,

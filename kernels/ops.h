@@ -23,10 +23,11 @@ void lion_step(at::Tensor param, const at::Tensor& grad, at::Tensor exp_avg,
                const kernels::LionParams& p, const at::Tensor& param16 = {});
 
 // Lamb's two phases (kernels/cpu_optimizers.h): lamb_moments updates the moments and adds the
-// piece's sums of squares of the parameters and of the update to *w_sq and *u_sq; lamb_apply
+// piece's sums of squares of the parameters and of the update to sums[0] and sums[1] (a float64
+// tensor on the parameters' device, so a GPU step does not wait for each tensor); lamb_apply
 // steps with the whole tensor's trust ratio (kernels::lamb_trust_ratio).
 void lamb_moments(const at::Tensor& param, const at::Tensor& grad, at::Tensor exp_avg,
-                  at::Tensor exp_avg_sq, const kernels::LambParams& p, double* w_sq, double* u_sq);
+                  at::Tensor exp_avg_sq, const kernels::LambParams& p, at::Tensor sums);
 void lamb_apply(at::Tensor param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const kernels::LambParams& p, float trust_ratio, const at::Tensor& param16 = {});
 

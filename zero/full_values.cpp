@@ -19,17 +19,14 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
 
 FullValues::FullValues(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
                        FlatGroup* frozen, const ZeroStrategy& strategy, std::shared_ptr<Comm> comm,
-                       const TrainingState& state, ParamCoordinator* coordinator,
-                       const std::string& optimizer_type, const bool& grads_written)
+                       const TrainingState& state, ParamCoordinator* coordinator)
     : groups_(std::move(groups)),
       shards_(std::move(shards)),
       frozen_(frozen),
       strategy_(strategy),
       comm_(std::move(comm)),
       state_(state),
-      coordinator_(coordinator),
-      optimizer_type_(optimizer_type),
-      grads_written_(grads_written) {}
+      coordinator_(coordinator) {}
 
 FullValues::Located FullValues::locate(int64_t index) const {
   int64_t i = index;
@@ -44,7 +41,7 @@ FullValues::Located FullValues::locate(int64_t index) const {
 int64_t FullValues::slot(const Located& at, const std::string& what) const {
   // A frozen parameter has no shard; any optimizer state name is still checked against the row.
   const OptimizerShard* shard = at.shard ? at.shard : shards_.front();
-  return shard->slot(what, optimizer_type_);
+  return shard->slot(what);
 }
 
 at::Tensor FullValues::get(int64_t index, const std::string& what) {
@@ -88,14 +85,14 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
   FlatGroup* g = at.group;
   const int64_t state = slot(at, what);
   if (state >= 0 && !at.shard) {
-    throw ConfigError(detail::cat("safe_set_full_optimizer_state: parameter ", index,
-                                  " is frozen; it has no optimizer state"));
+    throw UsageError(detail::cat("safe_set_full_optimizer_state: parameter ", index,
+                                 " is frozen; it has no optimizer state"));
   }
   const int64_t t = at.tensor;
   const at::IntArrayRef shape(g->shape(t));
   if (value.sizes() != shape) {
-    throw ConfigError(detail::cat("safe_set_full ", what, ": the value's shape is ", value.sizes(),
-                                  ", parameter ", index, "'s is ", shape));
+    throw UsageError(detail::cat("safe_set_full ", what, ": the value's shape is ", value.sizes(),
+                                 ", parameter ", index, "'s is ", shape));
   }
   // A copy: the broadcast writes into it, and the caller's tensor stays as it was.
   at::Tensor full = value.detach().to(g->params().options().dtype(at::kFloat), false, true)

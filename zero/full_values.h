@@ -25,12 +25,14 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
 class FullValues {
  public:
   // groups[i]'s shard is shards[i]; `frozen` (stage 3, may be null) comes after them in the
-  // parameter numbering. `coordinator` (stage 3) updates gathered copies; `grads_written` says
-  // whether a backward ran since the last zero_grad. All are owned by the caller.
+  // parameter numbering. `coordinator` (stage 3) updates gathered copies. All are owned by the
+  // caller and outlive this.
   FullValues(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, FlatGroup* frozen,
              const ZeroStrategy& strategy, std::shared_ptr<Comm> comm, const TrainingState& state,
-             ParamCoordinator* coordinator, const std::string& optimizer_type,
-             const bool& grads_written);
+             ParamCoordinator* coordinator);
+  // Whether gradients exist to read: a backward ran since the last zero_grad (the step's too).
+  void note_backward() { grads_written_ = true; }
+  void note_zero_grad() { grads_written_ = false; }
 
   // One parameter's whole value in fp32 (an all-reduce where that is a shard: every rank must
   // call it). `index` counts the trainable parameters group by group, then stage 3's frozen ones.
@@ -60,8 +62,7 @@ class FullValues {
   std::shared_ptr<Comm> comm_;
   const TrainingState& state_;
   ParamCoordinator* coordinator_;
-  std::string optimizer_type_;
-  const bool& grads_written_;
+  bool grads_written_ = false;
 };
 
 }  // namespace zeroshard

@@ -124,7 +124,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   }
   step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,
-                                              coordinator_.get(), optimizer_.type, grads_written_);
+                                              coordinator_.get());
 }
 
 void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
@@ -181,7 +181,7 @@ ParamCoordinator& ZeroOptimizer::coordinator() {
 
 void ZeroOptimizer::zero_grad() {
   reducer_->zero_grad();
-  grads_written_ = false;
+  full_values_->note_zero_grad();
 }
 
 }  // namespace zeroshard

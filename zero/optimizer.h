@@ -50,7 +50,7 @@ class ZeroOptimizer {
 
   // Before each backward: whether it ends the gradient accumulation window.
   void before_backward(bool accumulation_boundary) {
-    grads_written_ = true;
+    full_values_->note_backward();
     reducer_->begin_backward(accumulation_boundary);
   }
   // Parameter `param_index`'s gradient for this backward is final (hook on the autograd thread).
@@ -105,7 +105,6 @@ class ZeroOptimizer {
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
   TrainingState state_;
-  bool grads_written_ = false;  // a backward ran since the last zero_grad
   std::unique_ptr<ShardedStep> step_;
   std::unique_ptr<FullValues> full_values_;
 };

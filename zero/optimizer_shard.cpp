@@ -40,15 +40,15 @@ std::vector<at::Tensor>& OptimizerShard::state() {
   return state_;
 }
 
-int64_t OptimizerShard::slot(const std::string& what, const std::string& optimizer_type) const {
+int64_t OptimizerShard::slot(const std::string& what) const {
   if (what == "fp32_param") return -1;
   const auto& names = row_.state_names;
   const auto it = std::find(names.begin(), names.end(), what);
   if (it == names.end()) {
     std::string allowed;
     for (const auto& n : names) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw ConfigError(detail::cat("optim_state_key: got \"", what, "\", expected one of ", allowed,
-                                  " (the state of ", optimizer_type, ")"));
+    throw UsageError(detail::cat("optim_state_key: got \"", what, "\", expected one of ", allowed,
+                                 " (the state of ", row_.types.front(), ")"));
   }
   return it - names.begin();
 }

@@ -40,7 +40,7 @@ class OptimizerShard {
   bool has_state() const { return !state_.empty(); }
   // -1 for "fp32_param", else the state slot of torch.optim's name `what`; a ConfigError that
   // lists the row's names for any other.
-  int64_t slot(const std::string& what, const std::string& optimizer_type) const;
+  int64_t slot(const std::string& what) const;
 
  private:
   at::Tensor master_;

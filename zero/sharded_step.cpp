@@ -75,10 +75,11 @@ void ShardedStep::apply(size_t g, const GroupHyper& h, const UpdateScalars& s, d
 }
 
 namespace {
-// Group g's owned gradients [begin, begin + numel): a view where one piece holds them, else a
-// copy (a stage-3 tensor chunk that spans gradient segments).
-at::Tensor grad_range(FlatGroup& g, int64_t begin, int64_t numel) {
-  for (const auto& [offset, grad] : g.grad_pieces()) {
+// The owned gradients [begin, begin + numel) from `pieces` (a group's grad_pieces()): a view where
+// one piece holds them, else a copy (a stage-3 tensor chunk that spans gradient segments).
+at::Tensor grad_range(const FlatGroup& g, const std::vector<std::pair<int64_t, at::Tensor>>& pieces,
+                      int64_t begin, int64_t numel) {
+  for (const auto& [offset, grad] : pieces) {
     if (offset <= begin && begin + numel <= offset + grad.numel()) return grad.narrow(0, begin - offset, numel);
   }
   at::Tensor out = at::empty({numel}, g.grad_options());
@@ -88,46 +89,46 @@ at::Tensor grad_range(FlatGroup& g, int64_t begin, int64_t numel) {
 }  // namespace
 
 void ShardedStep::apply_per_tensor(const std::vector<GroupHyper>& hypers,
-                                   std::vector<UpdateScalars> scalars) {
+                                   const std::vector<UpdateScalars>& scalars) {
+  // Two sums (weights, update) per tensor, numbered over the groups, on the parameters' device:
+  // the first phase adds to them without waiting for the device.
+  std::vector<int64_t> first(groups_.size() + 1, 0);
+  for (size_t g = 0; g < groups_.size(); ++g) first[g + 1] = first[g] + groups_[g]->num_tensors();
+  at::Tensor sums = at::zeros({2 * first.back()}, shards_[0]->master().options().dtype(at::kDouble));
   // Phase 1: moments, and each tensor's sums of squares over the pieces this rank owns.
-  std::vector<std::vector<std::pair<Intersection, UpdatePiece>>> pieces(groups_.size());
-  std::vector<double> sums;
+  std::vector<std::vector<std::pair<int64_t, UpdatePiece>>> pieces(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto grads = groups_[g]->grad_pieces();
     for (int64_t t = 0; t < groups_[g]->num_tensors(); ++t) {
-      sums.push_back(0.0);
-      sums.push_back(0.0);
       const auto own = groups_[g]->owned_piece(t);
-      if (!own) continue;
+      if (!own) continue;  // its sums stay 0 here; the ranks that own it add theirs
       UpdatePiece p = piece(g, own->buffer_begin, own->numel,
-                            grad_range(*groups_[g], own->buffer_begin, own->numel));
-      row_.tensor_norms(p, hypers[g], optimizer_, scalars[g], &sums[sums.size() - 2], &sums.back());
-      pieces[g].emplace_back(*own, std::move(p));
+                            grad_range(*groups_[g], grads, own->buffer_begin, own->numel));
+      row_.tensor_norms(p, hypers[g], optimizer_, scalars[g], sums.narrow(0, 2 * (first[g] + t), 2));
+      pieces[g].emplace_back(first[g] + t, std::move(p));
     }
   }
   // One collective for every tensor's norms: each element is owned by one rank.
-  at::Tensor total = at::tensor(sums, at::dtype(at::kDouble)).to(groups_[0]->params().device());
   if (strategy_.shards_optimizer_state() && comm_.world_size() > 1) {
-    comm_.all_reduce(total, "Lamb per-tensor norms").wait();
+    comm_.all_reduce(sums, "Lamb per-tensor norms").wait();
   }
-  total = total.cpu();
-  const double* n = total.data_ptr<double>();
+  const at::Tensor host = sums.cpu();
+  const double* n = host.data_ptr<double>();
   // Phase 2: each piece steps with its whole tensor's trust ratio.
-  size_t base = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    for (auto& [own, p] : pieces[g]) {
+    for (const auto& [tensor, p] : pieces[g]) {
       UpdateScalars s = scalars[g];
-      s.w_sq = n[base + 2 * size_t(own.index)];
-      s.u_sq = n[base + 2 * size_t(own.index) + 1];
+      s.w_sq = n[2 * tensor];
+      s.u_sq = n[2 * tensor + 1];
       row_.update(p, hypers[g], optimizer_, s, nullptr);
-      // A gradient copied out of several segments was read in phase 1 only; nothing to write back.
     }
-    base += 2 * size_t(groups_[g]->num_tensors());
   }
 }
 
 StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t samples) {
-  ZS_CHECK(hypers.size() == groups_.size(), "ZeroOptimizer::step: got ", hypers.size(),
-           " hyperparameter sets for ", groups_.size(), " parameter groups");
+  ZS_REQUIRE(hypers.size() == groups_.size(), "optimizer step: got ", hypers.size(),
+             " parameter groups, the engine was initialized with ", groups_.size(),
+             " (groups cannot be added after initialize)");
   StepResult r;
   LossScaler& scaler = state_.scaler();
   r.loss_scale = scaler.scale();

@@ -45,7 +45,7 @@ class ShardedStep {
   // segments). sum_sq, when not null, gets the gradients' sum of squares (rows that fuse it).
   void apply(size_t g, const GroupHyper& h, const UpdateScalars& s, double* sum_sq);
   // Per-tensor rows: every tensor's owned piece, norms summed over ranks, then the update.
-  void apply_per_tensor(const std::vector<GroupHyper>& hypers, std::vector<UpdateScalars> scalars);
+  void apply_per_tensor(const std::vector<GroupHyper>& hypers, const std::vector<UpdateScalars>& scalars);
 
   std::vector<FlatGroup*> groups_;
   std::vector<OptimizerShard*> shards_;

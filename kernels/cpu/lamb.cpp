@@ -1,10 +1,12 @@
-// Lamb's two phases (see cpu_optimizers.h). Scalar code the compiler vectorises, split across
-// OpenMP threads; the sums are accumulated in double. The arithmetic follows DeepSpeed's FusedLamb
+// Lamb's two phases (see cpu_optimizers.h). Scalar code the compiler vectorises (no per-ISA
+// variants: Lamb is not on a path where the SIMD tables were measured to matter), split across
+// cpu_threads() OpenMP threads; the sums are accumulated in double. The arithmetic follows DeepSpeed's FusedLamb
 // kernel: moments from grad * grad_scale, update = m / (sqrt(v) + eps) + weight_decay * w, and
 // w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * trust_ratio * update.
 #include <cmath>
 
 #include "kernels/cpu/half_convert.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/cpu_optimizers.h"
 
 namespace zeroshard::kernels {
@@ -23,8 +25,9 @@ Status lamb_moments(const float* param, const float* grad, float* m, float* v, i
   if (bad(param, n) || bad(grad, n) || bad(m, n) || bad(v, n) || !w_sq || !u_sq || p.step < 1)
     return Status::invalid_argument;
   const float b1 = p.beta1, b2 = p.beta2, s = p.grad_scale;
+  const int threads = cpu_threads();
   double w = 0.0, u = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : w, u) if (n >= (1 << 16))
+#pragma omp parallel for schedule(static) reduction(+ : w, u) num_threads(threads) if (n >= (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] * s;
     const float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -60,7 +63,8 @@ Status lamb_apply(float* param, const float* m, const float* v, int64_t n, const
     step_size = float(double(p.lr) * std::sqrt(bc2) / bc1);
   }
   const float scale = step_size * trust_ratio;
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  const int threads = cpu_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
     const float w = param[i] - scale * update_of(param[i], m[i], v[i], p);
     param[i] = w;

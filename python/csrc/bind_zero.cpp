@@ -12,33 +12,35 @@ namespace py = pybind11;
 namespace zeroshard::python {
 
 namespace {
-// A param_group dict's values for the keys the optimizer's table row reads (optim/table.h); a
-// key the dict lacks keeps GroupHyper's initializer.
-GroupHyper hyper_from_dict(const py::dict& d, const OptimizerRow& row) {
+// Param group `g`'s values for the keys the optimizer's table row reads (optim/table.h), through
+// the one key table (optim/hyper.h); a key the dict lacks keeps GroupHyper's initializer.
+GroupHyper hyper_from_dict(const py::dict& d, size_t g, const OptimizerRow& row) {
   GroupHyper h;
-  auto number = [&](const std::string& k) {
-    try {
-      return d[k.c_str()].cast<double>();
-    } catch (const py::cast_error&) {
-      throw ConfigError(detail::cat("optimizer.param_groups[...][\"", k, "\"]: got ",
-                                    py::str(d[k.c_str()]).cast<std::string>(), ", expected a number"));
-    }
-  };
-  for (const std::string& k : row.group_keys) {
-    if (!d.contains(k.c_str())) continue;
-    if (k == "betas") {
-      const auto b = d["betas"].cast<std::pair<double, double>>();
-      h.beta1 = b.first;
-      h.beta2 = b.second;
-    } else if (k == "nesterov") {
-      h.nesterov = d["nesterov"].cast<bool>();
+  for (const std::string& name : row.group_keys) {
+    if (!d.contains(name.c_str())) continue;
+    const py::handle v = d[name.c_str()];
+    const HyperKey& k = hyper_key(name);
+    const auto bad = [&](const char* expected) {
+      return UsageError(detail::cat("optimizer.param_groups[", g, "][\"", name, "\"]: got ",
+                                    py::repr(v).cast<std::string>(), ", expected ", expected));
+    };
+    if (k.flag) {
+      if (!py::isinstance<py::bool_>(v)) throw bad("true or false");
+      h.*k.flag = v.cast<bool>();
+    } else if (k.second) {
+      try {
+        const auto pair = v.cast<std::pair<double, double>>();
+        h.*k.number = pair.first;
+        h.*k.second = pair.second;
+      } catch (const py::cast_error&) {
+        throw bad("a pair of numbers");
+      }
     } else {
-      double* field = k == "lr" ? &h.lr : k == "weight_decay" ? &h.weight_decay : k == "eps" ? &h.eps
-                    : k == "momentum" ? &h.momentum : k == "dampening" ? &h.dampening
-                    : k == "lr_decay" ? &h.lr_decay : k == "max_coeff" ? &h.max_coeff
-                    : k == "min_coeff" ? &h.min_coeff : nullptr;
-      ZS_CHECK(field, "hyper_from_dict: no GroupHyper field for the table's key \"", k, "\"");
-      *field = number(k);
+      try {
+        h.*k.number = v.cast<double>();
+      } catch (const py::cast_error&) {
+        throw bad("a number");
+      }
     }
   }
   return h;
@@ -46,20 +48,12 @@ GroupHyper hyper_from_dict(const py::dict& d, const OptimizerRow& row) {
 
 // The param_group values a group starts with from the config's optimizer block: the row's keys.
 py::dict group_defaults(const OptimizerConfig& o) {
-  const GroupHyper& h = o.hyper;
   py::dict d;
-  for (const std::string& k : optimizer_row(o.type).group_keys) {
-    if (k == "betas") d["betas"] = py::make_tuple(h.beta1, h.beta2);
-    else if (k == "nesterov") d["nesterov"] = h.nesterov;
-    else if (k == "lr") d["lr"] = h.lr;
-    else if (k == "weight_decay") d["weight_decay"] = h.weight_decay;
-    else if (k == "eps") d["eps"] = h.eps;
-    else if (k == "momentum") d["momentum"] = h.momentum;
-    else if (k == "dampening") d["dampening"] = h.dampening;
-    else if (k == "lr_decay") d["lr_decay"] = h.lr_decay;
-    else if (k == "max_coeff") d["max_coeff"] = h.max_coeff;
-    else if (k == "min_coeff") d["min_coeff"] = h.min_coeff;
-    else ZS_CHECK(false, "group_defaults: no GroupHyper field for the table's key \"", k, "\"");
+  for (const std::string& name : optimizer_row(o.type).group_keys) {
+    const HyperKey& k = hyper_key(name);
+    if (k.flag) d[name.c_str()] = o.hyper.*k.flag;
+    else if (k.second) d[name.c_str()] = py::make_tuple(o.hyper.*k.number, o.hyper.*k.second);
+    else d[name.c_str()] = o.hyper.*k.number;
   }
   return d;
 }
@@ -84,9 +78,10 @@ void bind_zero(py::module_& m) {
   // The sequence number the next autograd node created on this thread gets (every node but
   // AccumulateGrad takes one): ZeRO-3's hooks bracket a module's forward with it.
   m.def("autograd_sequence_number", [] { return at::sequence_number::peek(); });
-  // The config's optimizer block with its defaults, for the Python param_groups.
+  // Refuses what this build cannot do (offload), before the engine touches the model.
   m.def("require_buildable", [](const std::shared_ptr<Config>& c) { require_buildable(c->zero_optimization); },
         py::arg("config"));
+  // The config's optimizer type and the param_group values its groups start with.
   m.def("optimizer_config", [](const std::shared_ptr<Config>& c) {
     py::dict d;
     d["present"] = c->optimizer.present;
@@ -96,9 +91,7 @@ void bind_zero(py::module_& m) {
     }
     return d;
   });
-  // The optimizer table's types and each one's param_group keys (optim/table.h).
-  m.def("optimizer_group_keys", [](const std::string& type) { return optimizer_row(type).group_keys; },
-        py::arg("type"));
+
   // Fields of the config the Python engine reads directly.
   m.def("engine_settings", [](const std::shared_ptr<Config>& c) {
     py::dict d;
@@ -245,7 +238,9 @@ void bind_zero(py::module_& m) {
            [](ZeroOptimizer& o, const py::list& groups, int64_t samples) {
              const OptimizerRow& row = optimizer_row(o.optimizer().type);
              std::vector<GroupHyper> hypers;
-             for (const auto& g : groups) hypers.push_back(hyper_from_dict(g.cast<py::dict>(), row));
+             for (const auto& g : groups) {
+               hypers.push_back(hyper_from_dict(g.cast<py::dict>(), hypers.size(), row));
+             }
              py::gil_scoped_release release;
              return o.step(hypers, samples);
            },

@@ -6,7 +6,9 @@ from zeroshard import _C
 
 # torch.optim classes whose update the C++ kernels reproduce, with the spec they map to.
 _CLIENT_TYPES = {
-    "Adam": lambda opt: {"type": "Adam", "adam_w_mode": False},
+    # torch.optim.Adam(decoupled_weight_decay=True) is AdamW.
+    "Adam": lambda opt: ({"type": "AdamW", "adam_w_mode": True} if opt.defaults.get("decoupled_weight_decay")
+                         else {"type": "Adam", "adam_w_mode": False}),
     "AdamW": lambda opt: {"type": "AdamW", "adam_w_mode": True},
     "SGD": lambda opt: {"type": "SGD"},
     "Adagrad": lambda opt: {"type": "Adagrad",
@@ -33,8 +35,14 @@ def client_optimizer_spec(opt: torch.optim.Optimizer) -> dict:
             f"{', '.join(sorted(_CLIENT_TYPES))}, or name the optimizer in the config's "
             f"\"optimizer\" block")
     for flag in _UNSUPPORTED_FLAGS:
-        if opt.defaults.get(flag):
+        if opt.defaults.get(flag) or any(g.get(flag) for g in opt.param_groups):
             raise ValueError(f"optimizer: {name}({flag}=True) is not supported by zeroshard")
+    # One kernel for every group: a flag that picks the update's form must agree across groups.
+    for flag in ("decoupled_weight_decay", "adamw_mode", "bias_correction"):
+        values = {bool(g[flag]) for g in opt.param_groups if flag in g}
+        if len(values) > 1:
+            raise ValueError(f"optimizer: {name}'s param_groups differ in {flag}; zeroshard steps "
+                             "every group with one form of the update, so it must be the same in all")
     return _CLIENT_TYPES[name](opt)
 
 
@@ -67,6 +75,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 for p in group["params"]:
                     p.grad = None
+
+    def add_param_group(self, param_group):
+        raise ValueError("optimizer.add_param_group: zeroshard's parameter groups are fixed at "
+                         "initialize(), where their parameters are flattened and sharded; pass every "
+                         "group to initialize (model_parameters or the client optimizer)")
 
     def step(self, closure=None):
         raise RuntimeError("call engine.step(), not optimizer.step(): the engine runs the "

@@ -156,11 +156,12 @@ void read_optimizer(Block& top, Config& c) {
   o.hyper.beta1 = o.hyper.beta2 = 0;  // set by the readers that read betas; unused by the others
   readers().at(optimizer_row(o.type).types.front())(top, p, o);
   // A parameter of another optimizer (betas for SGD) is a likelier mistake than a typo: say so.
-  static const std::vector<std::string> kAllParams = {
-      "lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam",
-      "momentum", "dampening", "nesterov", "lr_decay", "initial_accumulator_value",
-      "eps_inside_sqrt", "max_coeff", "min_coeff"};
-  for (const auto& k : kAllParams)
+  std::vector<std::string> all_params;
+  for (const OptimizerRow* row : optimizer_rows()) {
+    all_params.insert(all_params.end(), row->group_keys.begin(), row->group_keys.end());
+    all_params.insert(all_params.end(), row->config_keys.begin(), row->config_keys.end());
+  }
+  for (const auto& k : all_params)
     if (!p.out().contains(k) && p.has(k)) {
       std::vector<std::string> takes;
       for (auto it = p.out().begin(); it != p.out().end(); ++it) takes.push_back(it.key());

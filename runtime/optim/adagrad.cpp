@@ -17,6 +17,7 @@ const OptimizerRow& adagrad_row() {
   static const OptimizerRow row{{"Adagrad"},
                                 {"sum"},
                                 {"lr", "lr_decay", "eps", "weight_decay"},
+                                {"initial_accumulator_value"},
                                 [](const OptimizerConfig& c) { return c.initial_accumulator_value; },
                                 update};
   return row;

@@ -21,6 +21,7 @@ const OptimizerRow& adam_row() {
   static const OptimizerRow row{{"Adam", "AdamW"},
                                 {"exp_avg", "exp_avg_sq"},
                                 {"lr", "betas", "eps", "weight_decay"},
+                                {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam"},
                                 [](const OptimizerConfig&) { return 0.0; },
                                 update,
                                 /*fuses_grad_stats=*/true};

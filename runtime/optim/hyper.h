@@ -4,11 +4,13 @@
 // optimizer reads.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace zeroshard {
 
-// One parameter group's hyperparameters for one step. The initializers are what a group gets for
-// a key its dict lacks; the config block's defaults per optimizer are DeepSpeed's (config/optimizer.cpp).
+// One parameter group's hyperparameters for one step. The config block's defaults per optimizer
+// are DeepSpeed's (config/optimizer.cpp); the initializers here are only what a client optimizer's
+// group gets for a key its class does not have (DeepSpeedCPUAdagrad has no lr_decay: 0).
 struct GroupHyper {
   double lr = 1e-3;
   double weight_decay = 0.0;
@@ -19,6 +21,19 @@ struct GroupHyper {
   double lr_decay = 0.0;
   double max_coeff = 10.0, min_coeff = 0.01;  // Lamb's trust-ratio bounds
 };
+
+// The param_group keys GroupHyper holds (torch's names), each with its field: the one mapping
+// between a group's dict and the struct. Exactly one of the member pointers is set, except that
+// a pair ("betas") sets `number` and `second`.
+struct HyperKey {
+  const char* name;
+  double GroupHyper::*number = nullptr;
+  double GroupHyper::*second = nullptr;
+  bool GroupHyper::*flag = nullptr;
+};
+const std::vector<HyperKey>& hyper_keys();
+// The key named `name`; an InternalError for any other (the table's rows name only these).
+const HyperKey& hyper_key(const std::string& name);
 
 struct OptimizerConfig {
   bool present = false;

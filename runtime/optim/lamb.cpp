@@ -23,10 +23,10 @@ kernels::LambParams params(const GroupHyper& h, const OptimizerConfig& c, const 
 }
 
 void norms(const UpdatePiece& p, const GroupHyper& h, const OptimizerConfig& c,
-           const UpdateScalars& s, double* w_sq, double* u_sq) {
+           const UpdateScalars& s, at::Tensor sums) {
   // The kernel applies grad_scale itself; the gradient only needs widening.
   const at::Tensor g = p.grad.scalar_type() == at::kFloat ? p.grad : p.grad.to(at::kFloat);
-  ops::lamb_moments(p.master, g, p.state[0], p.state[1], params(h, c, s), w_sq, u_sq);
+  ops::lamb_moments(p.master, g, p.state[0], p.state[1], params(h, c, s), std::move(sums));
 }
 
 void update(const UpdatePiece& p, const GroupHyper& h, const OptimizerConfig& c,
@@ -41,6 +41,7 @@ const OptimizerRow& lamb_row() {
   static const OptimizerRow row{{"Lamb"},
                                 {"exp_avg", "exp_avg_sq"},
                                 {"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff"},
+                                {"bias_correction", "eps_inside_sqrt", "amsgrad"},
                                 [](const OptimizerConfig&) { return 0.0; },
                                 update,
                                 /*fuses_grad_stats=*/false,

@@ -16,6 +16,7 @@ const OptimizerRow& lion_row() {
   static const OptimizerRow row{{"Lion"},
                                 {"exp_avg"},
                                 {"lr", "betas", "weight_decay"},
+                                {},
                                 [](const OptimizerConfig&) { return 0.0; },
                                 update};
   return row;

@@ -18,6 +18,7 @@ const OptimizerRow& sgd_row() {
   static const OptimizerRow row{{"SGD"},
                                 {"momentum_buffer"},
                                 {"lr", "momentum", "dampening", "weight_decay", "nesterov"},
+                                {},
                                 [](const OptimizerConfig&) { return 0.0; },
                                 update};
   return row;

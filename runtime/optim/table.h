@@ -38,7 +38,8 @@ struct UpdateScalars {
 struct OptimizerRow {
   std::vector<std::string> types;         // config "type" names this row serves
   std::vector<std::string> state_names;   // torch.optim's state names, in UpdatePiece::state order
-  std::vector<std::string> group_keys;    // the param_group keys the update reads
+  std::vector<std::string> group_keys;    // the param_group keys the update reads (optim/hyper.h)
+  std::vector<std::string> config_keys;   // the optimizer block's other params (fixed for the run)
   // The value every state element starts from.
   double (*state_init)(const OptimizerConfig& config);
   // Updates the piece. stats, when not null, receives the gradient's statistics as read (only
@@ -47,9 +48,10 @@ struct OptimizerRow {
                  const UpdateScalars& s, kernels::GradStats* stats);
   bool fuses_grad_stats = false;
   // Rows whose update needs whole-tensor norms (Lamb): the first phase over one tensor's piece,
-  // adding the piece's sums of squares. Null for elementwise optimizers.
+  // adding the piece's sums of squares to sums[0] and sums[1] (float64, on the piece's device).
+  // Null for elementwise optimizers; a row with it does not fuse the gradient statistics.
   void (*tensor_norms)(const UpdatePiece& piece, const GroupHyper& h, const OptimizerConfig& config,
-                       const UpdateScalars& s, double* w_sq, double* u_sq) = nullptr;
+                       const UpdateScalars& s, at::Tensor sums) = nullptr;
 };
 
 // Every row, in the order error messages list them.

@@ -371,6 +371,13 @@ def wiring_worker(case):
         client = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         engine, *_ = zeroshard.initialize(model=model, optimizer=client, config=cfg)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    elif case == "client_adam_decoupled":
+        # torch.optim.Adam(decoupled_weight_decay=True) is AdamW, not L2-coupled Adam.
+        del cfg["optimizer"]
+        client = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=0.1,
+                                  decoupled_weight_decay=True)
+        engine, *_ = zeroshard.initialize(model=model, optimizer=client, config=cfg)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
     elif case == "client_scheduler":
         # A torch scheduler built on the client optimizer must drive the engine's lr.
         del cfg["optimizer"]
@@ -418,8 +425,8 @@ def wiring_worker(case):
     dist.barrier()
 
 
-@pytest.mark.parametrize("case", ["param_groups", "client_optimizer", "client_scheduler",
-                                  "scheduler_on_returned_optimizer", "scheduler"])
+@pytest.mark.parametrize("case", ["param_groups", "client_optimizer", "client_adam_decoupled",
+                                  "client_scheduler", "scheduler_on_returned_optimizer", "scheduler"])
 def test_optimizer_wiring_matches_torch(case):
     run_distributed(wiring_worker, 2, case)
 

@@ -217,3 +217,28 @@ def refused_config_worker():
 
 def test_a_refused_config_leaves_the_model_as_it_was():
     run_distributed(refused_config_worker, 1)
+
+
+def param_group_worker():
+    import zeroshard
+    model = nn.Linear(4, 2)
+    cfg = _config(1)
+    cfg["optimizer"] = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}
+    engine, optimizer, *_ = zeroshard.initialize(model=model, config=cfg)
+    # Groups are flattened and sharded at initialize: adding one later is refused, not half-done.
+    with pytest.raises(ValueError, match="add_param_group: zeroshard's parameter groups are fixed"):
+        optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    loss = engine(torch.ones(2, 4)).sum()
+    engine.backward(loss)
+    # A scheduler or script that writes a value of the wrong type is named by group and key.
+    optimizer.param_groups[0]["nesterov"] = "yes"
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\[\"nesterov\"\]: got 'yes', expected true or false"):
+        engine.step()
+    optimizer.param_groups[0]["nesterov"] = False
+    optimizer.param_groups[0]["lr"] = [0.1]
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\[\"lr\"\]: got \[0.1\], expected a number"):
+        engine.step()
+
+
+def test_param_groups_are_fixed_at_initialize_and_their_values_checked():
+    run_distributed(param_group_worker, 1)

@@ -1,7 +1,8 @@
 // Lamb through the ZeRO optimizer in one process (ranks as threads of the in-process world): at
 // stages 1-3 a rank holds pieces of tensors, and each tensor's trust ratio must come from the
 // whole tensor's norms, summed across ranks. Checked against FusedLamb written out on whole
-// tensors at stages 0-3 and world 1-4, with tensors whose pieces' norms differ from the whole's.
+// tensors at stages 0-3 and world 1-4, with tensors whose pieces' norms differ from the whole's,
+// in two parameter groups with different learning rates (tensors are numbered across groups).
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
@@ -22,7 +23,9 @@ using namespace zeroshard;
 namespace {
 
 const std::vector<int64_t> kNumels = {40, 7, 33, 1, 24};
-constexpr double kLr = 0.05, kDecay = 0.01, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
+const std::vector<size_t> kGroupOf = {0, 0, 0, 1, 1};
+const double kLrs[] = {0.05, 0.02};
+constexpr double kDecay = 0.01, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
 constexpr double kMaxCoeff = 10.0, kMinCoeff = 0.01;
 constexpr int kSteps = 4;
 
@@ -41,21 +44,27 @@ std::vector<at::Tensor> train(int stage, int rank, std::shared_ptr<Comm> comm) {
       "\"optimizer\": {\"type\": \"Lamb\"}, \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
       ", \"reduce_bucket_size\": 20, \"stage3_param_persistence_threshold\": 0}}";
   const Config cfg = parse_config(json, "<test_lamb>");
-  std::vector<at::Tensor> values, params;
-  for (size_t i = 0; i < kNumels.size(); ++i) values.push_back(initial(i));
-  ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
+  std::vector<std::vector<at::Tensor>> groups(2);
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < kNumels.size(); ++i) groups[kGroupOf[i]].push_back(initial(i));
+  ZeroOptimizer opt(comm, cfg, cfg.optimizer, groups, at::kFloat);
   if (opt.strategy().partitions_params()) {
-    for (const auto& v : values) params.push_back(v.clone());
+    for (const auto& g : groups) {
+      for (const auto& v : g) params.push_back(v.clone());
+    }
     opt.coordinator().attach(params);
   }
-  GroupHyper h;
-  h.lr = kLr, h.weight_decay = kDecay, h.beta1 = kBeta1, h.beta2 = kBeta2, h.eps = kEps;
-  h.max_coeff = kMaxCoeff, h.min_coeff = kMinCoeff;
+  std::vector<GroupHyper> hypers(2);
+  for (size_t g = 0; g < 2; ++g) {
+    GroupHyper& h = hypers[g];
+    h.lr = kLrs[g], h.weight_decay = kDecay, h.beta1 = kBeta1, h.beta2 = kBeta2, h.eps = kEps;
+    h.max_coeff = kMaxCoeff, h.min_coeff = kMinCoeff;
+  }
   for (int step = 0; step < kSteps; ++step) {
     opt.before_backward(true);
     for (size_t i = kNumels.size(); i-- > 0;) opt.grad_ready(int64_t(i), gradient(i, rank, step));
     opt.after_backward(true);
-    opt.step({h}, comm->world_size());
+    opt.step(hypers, comm->world_size());
   }
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < kNumels.size(); ++i) out.push_back(opt.full_values().get(int64_t(i), "fp32_param"));
@@ -81,7 +90,7 @@ std::vector<at::Tensor> reference(int world) {
       const at::Tensor u = m[i] / (v[i].sqrt() + kEps) + kDecay * p[i];
       const double wn = p[i].norm().item<double>(), un = u.norm().item<double>();
       const double ratio = wn > 0 && un > 0 ? std::clamp(wn / un, kMinCoeff, kMaxCoeff) : 1.0;
-      p[i].sub_(u, kLr * std::sqrt(1 - std::pow(kBeta2, t)) / (1 - std::pow(kBeta1, t)) * ratio);
+      p[i].sub_(u, kLrs[kGroupOf[i]] * std::sqrt(1 - std::pow(kBeta2, t)) / (1 - std::pow(kBeta1, t)) * ratio);
     }
   }
   return p;
