@@ -50,9 +50,9 @@ def worker(rank, a, mode, port, results):
                               generator=torch.Generator().manual_seed(2 * step + rank))
         t0 = time.perf_counter()
         loss = engine(batch)
-        engine._core.coordinator.reset_gathered_peak()
+        engine._core.gatherer.reset_gathered_peak()
         engine.backward(loss)
-        peaks.append(engine._core.coordinator.peak_gathered_numel)
+        peaks.append(engine._core.gatherer.peak_gathered_numel)
         engine.step()
         times.append(time.perf_counter() - t0)
     frozen = sum(p.numel() for p in GPT(d_model=a.d_model, n_layers=a.n_layers,

@@ -75,7 +75,7 @@ def run(a):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    engine._core.coordinator.reset_gathered_peak()
+    engine._core.gatherer.reset_gathered_peak()
     engine._core.memory.reset_peaks()
     times = []
     for step in range(1, a.steps):
@@ -90,7 +90,7 @@ def run(a):
     accounted = engine.memory_bytes()
     staging = accounted["comm_buffers"]
     peaks = engine._core.memory.peak_bytes()
-    gathered_peak = 2 * engine._core.coordinator.peak_gathered_numel
+    gathered_peak = 2 * engine._core.gatherer.peak_gathered_numel
     predicted_rest = 14 * shard + 2 * persistent + staging
     predicted_peak = 16 * shard + 2 * persistent + staging + gathered_peak
     rows = [("at rest after a step", predicted_rest, sum(accounted.values()),

@@ -19,14 +19,14 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
 
 FullValues::FullValues(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
                        FlatGroup* frozen, const ZeroStrategy& strategy, std::shared_ptr<Comm> comm,
-                       const TrainingState& state, ParamCoordinator* coordinator)
+                       const TrainingState& state, ParamGatherer* gatherer)
     : groups_(std::move(groups)),
       shards_(std::move(shards)),
       frozen_(frozen),
       strategy_(strategy),
       comm_(std::move(comm)),
       state_(state),
-      coordinator_(coordinator) {}
+      gatherer_(gatherer) {}
 
 FullValues::Located FullValues::locate(int64_t index) const {
   int64_t i = index;
@@ -104,8 +104,8 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
         .wait();
   }
   if (state < 0) {
-    if (coordinator_) {
-      coordinator_->overwrite(index, full);
+    if (gatherer_) {
+      gatherer_->overwrite(index, full);
     } else {
       write_tensor_values(*g, at.shard, t, full);
     }

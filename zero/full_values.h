@@ -13,7 +13,7 @@
 #include "runtime/training_state.h"
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
-#include "zero/param_coordinator.h"
+#include "zero/param_gatherer.h"
 #include "zero/strategy.h"
 
 namespace zeroshard {
@@ -25,11 +25,11 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
 class FullValues {
  public:
   // groups[i]'s shard is shards[i]; `frozen` (stage 3, may be null) comes after them in the
-  // parameter numbering. `coordinator` (stage 3) updates gathered copies. All are owned by the
+  // parameter numbering. `gatherer` (stage 3) updates gathered copies. All are owned by the
   // caller and outlive this.
   FullValues(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, FlatGroup* frozen,
              const ZeroStrategy& strategy, std::shared_ptr<Comm> comm, const TrainingState& state,
-             ParamCoordinator* coordinator);
+             ParamGatherer* gatherer);
   // Whether gradients exist to read: a backward ran since the last zero_grad (the step's too).
   void note_backward() { grads_written_ = true; }
   void note_zero_grad() { grads_written_ = false; }
@@ -61,7 +61,7 @@ class FullValues {
   const ZeroStrategy& strategy_;
   std::shared_ptr<Comm> comm_;
   const TrainingState& state_;
-  ParamCoordinator* coordinator_;
+  ParamGatherer* gatherer_;
   bool grads_written_ = false;
 };
 

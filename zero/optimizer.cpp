@@ -107,7 +107,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
       frozen_ = std::make_unique<FlatGroup>(frozen, frozen_spec, memory_);
       gathered.push_back(frozen_.get());
     }
-    // Values written through the coordinator (GatheredParameters) reach the master copy too.
+    // Values written through the gatherer (GatheredParameters) reach the master copy too.
     auto write = [this](int64_t index, const at::Tensor& full) {
       int64_t i = index;
       for (size_t g = 0; g < groups_.size(); ++g) {
@@ -124,7 +124,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   }
   step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,
-                                              coordinator_.get());
+                                              coordinator_ ? &coordinator_->gatherer() : nullptr);
 }
 
 void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
@@ -155,7 +155,7 @@ std::vector<std::vector<at::Tensor>> ZeroOptimizer::grad_views() const {
 
 StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples) {
   const StepResult r = step_->run(hypers, samples);
-  if (r.applied && coordinator_) coordinator_->refresh_persistent();
+  if (r.applied && coordinator_) coordinator_->gatherer().refresh_persistent();
   zero_grad();
   return r;
 }

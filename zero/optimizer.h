@@ -70,7 +70,8 @@ class ZeroOptimizer {
   const ZeroStrategy& strategy() const { return *strategy_; }
   // The optimizer this run steps with (its table row: optimizer_row(optimizer().type)).
   const OptimizerConfig& optimizer() const { return optimizer_; }
-  // Stage 3 only: the parameter coordinator the engine's module hooks drive.
+  // Stage 3 only: the parameter coordinator the engine's module hooks drive; its gatherer() holds
+  // the parameters' gather state.
   ParamCoordinator& coordinator();
   // The optimizer step at an accumulation boundary over `samples` samples (the global batch),
   // counted in the training state whether applied or skipped; the gradients start from zero after.

@@ -173,9 +173,26 @@ void bind_zero(py::module_& m) {
       .def("set", &FullValues::set, py::arg("index"), py::arg("what"), py::arg("value"),
            py::arg("src_rank") = 0, py::call_guard<py::gil_scoped_release>());
 
-  // Stage 3's parameter coordinator (zero/param_coordinator.h), driven by the engine's module hooks.
+  // Stage 3's parameters one by one (zero/param_gatherer.h): the engine attaches them,
+  // GatheredParameters gathers and writes them back, and the counters say how much is gathered.
+  py::class_<ParamGatherer>(m, "ParamGatherer")
+      .def("attach", &ParamGatherer::attach, py::arg("params"), py::call_guard<py::gil_scoped_release>())
+      .def("fetch_params", &ParamGatherer::fetch_params, py::arg("param_indices"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("release_params", &ParamGatherer::release_params, py::arg("param_indices"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("write_back", &ParamGatherer::write_back, py::arg("param_index"),
+           py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("live_gathered_numel",
+                             [](const ParamGatherer& g) { return g.counters().live_numel; })
+      .def_property_readonly("peak_gathered_numel",
+                             [](const ParamGatherer& g) { return g.counters().peak_live_numel; })
+      .def("reset_gathered_peak", &ParamGatherer::reset_peak)
+      .def_property_readonly("prefetched_params",
+                             [](const ParamGatherer& g) { return g.counters().prefetched_params; });
+
+  // Stage 3's schedule by module (zero/param_coordinator.h), driven by the engine's module hooks.
   py::class_<ParamCoordinator>(m, "ParamCoordinator")
-      .def("attach", &ParamCoordinator::attach, py::arg("params"), py::call_guard<py::gil_scoped_release>())
       .def("register_module", &ParamCoordinator::register_module, py::arg("module_id"),
            py::arg("param_indices"))
       .def("begin_forward", &ParamCoordinator::begin_forward, py::arg("grad_enabled"))
@@ -190,16 +207,6 @@ void bind_zero(py::module_& m) {
       .def("read_in_forward", &ParamCoordinator::read_in_forward, py::arg("module_id"),
            py::arg("param_index"), py::call_guard<py::gil_scoped_release>())
       .def("add_external", &ParamCoordinator::add_external, py::arg("module_id"), py::arg("param_index"))
-      .def("fetch_params", &ParamCoordinator::fetch_params, py::arg("param_indices"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("release_params", &ParamCoordinator::release_params, py::arg("param_indices"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("write_back", &ParamCoordinator::write_back, py::arg("param_index"),
-           py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("live_gathered_numel", &ParamCoordinator::live_gathered_numel)
-      .def_property_readonly("peak_gathered_numel", &ParamCoordinator::peak_gathered_numel)
-      .def("reset_gathered_peak", &ParamCoordinator::reset_peak)
-      .def_property_readonly("prefetched_params", &ParamCoordinator::prefetched_params)
       .def_property_readonly("trace_invalidations", &ParamCoordinator::trace_invalidations);
 
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(m, "ZeroOptimizer")
@@ -249,6 +256,9 @@ void bind_zero(py::module_& m) {
       .def("master", &ZeroOptimizer::master, py::arg("group"))
       .def_property_readonly("strategy", &ZeroOptimizer::strategy, py::return_value_policy::reference_internal)
       .def_property_readonly("coordinator", &ZeroOptimizer::coordinator,
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("gatherer",
+                             [](ZeroOptimizer& o) -> ParamGatherer& { return o.coordinator().gatherer(); },
                              py::return_value_policy::reference_internal)
       .def_property_readonly("full_values", &ZeroOptimizer::full_values,
                              py::return_value_policy::reference_internal)

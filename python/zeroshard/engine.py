@@ -187,7 +187,7 @@ class ZeroShardEngine(torch.nn.Module):
             self._gathered = self._params + frozen
             shapes = [torch.Size(p.shape if full_shape(p) is None else full_shape(p))
                       for p in self._gathered]
-            self._core.coordinator.attach(self._gathered)
+            self._core.gatherer.attach(self._gathered)
             policy = _C.FrozenRelease(self._comm, str(self.device))
             self._zero3_hooks, any_frozen = zero_hooks.install(
                 self._core, self.module, self._gathered, policy)

@@ -285,7 +285,7 @@ def failed_backward_worker(stage, skipped, fail, where="backward"):
             with pytest.raises(RuntimeError, match="injected forward failure"):
                 engine(batch)
             if stage == 3:
-                assert engine._core.coordinator.live_gathered_numel == 0  # released, not left to the next backward
+                assert engine._core.gatherer.live_gathered_numel == 0  # released, not left to the next backward
             continue
         loss = engine(batch)
         if armed[0]:

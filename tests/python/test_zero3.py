@@ -124,7 +124,7 @@ def gathered_failed_forward_worker():
         if rank == 0:
             with torch.no_grad():
                 weight.fill_(0.25)
-    assert engine._core.coordinator.live_gathered_numel == 0    # and the forward's gathers are gone
+    assert engine._core.gatherer.live_gathered_numel == 0    # and the forward's gathers are gone
     armed[0] = False
     with GatheredParameters(weight):
         assert torch.all(weight == 0.25)
@@ -302,14 +302,14 @@ def coordinator_worker(max_live, reuse, prefetch):
     engine, *_ = zeroshard.initialize(model=model, config=cfg)
     peaks, after_forward, accounted = [], [], []
     for step in range(3):
-        engine._core.coordinator.reset_gathered_peak()
+        engine._core.gatherer.reset_gathered_peak()
         loss = engine(global_batch("gpt", step, 4)[2 * rank:2 * rank + 2])
-        after_forward.append(engine._core.coordinator.live_gathered_numel)
+        after_forward.append(engine._core.gatherer.live_gathered_numel)
         accounted.append(engine.memory_bytes()["gathered_parameters"])
         engine.backward(loss)
         engine.step()
-        peaks.append(engine._core.coordinator.peak_gathered_numel)
-    return {"peaks": peaks, "prefetched": engine._core.coordinator.prefetched_params,
+        peaks.append(engine._core.gatherer.peak_gathered_numel)
+    return {"peaks": peaks, "prefetched": engine._core.gatherer.prefetched_params,
             "invalid": engine._core.coordinator.trace_invalidations, "after_forward": after_forward,
             "accounted_bytes": accounted,
             "largest_module": max(module_numels), "model": model_numel}
@@ -419,7 +419,7 @@ def eval_worker(evaluate):
             except RuntimeError:
                 assert armed[0]
             armed[0] = False
-            held.append(engine._core.coordinator.live_gathered_numel)
+            held.append(engine._core.gatherer.live_gathered_numel)
             with GatheredParameters(list(model.parameters())):
                 whole = {k: v.clone() for k, v in model.state_dict().items()}
             reference = tiny_gpt()
@@ -427,7 +427,7 @@ def eval_worker(evaluate):
             errors.append(abs(value - reference(x).item()) / abs(value))
         engine.train()
     return (engine._core.master(0).tolist(), engine._core.coordinator.trace_invalidations, held,
-            engine._core.coordinator.prefetched_params, errors)
+            engine._core.gatherer.prefetched_params, errors)
 
 
 def test_evaluation_forwards_between_steps_keep_the_training_trace():
@@ -471,9 +471,9 @@ def checkpoint_worker():
     for step in range(4):
         x = torch.randn(4, 32, generator=torch.Generator().manual_seed(step))
         loss = engine(x[2 * rank:2 * rank + 2])
-        engine._core.coordinator.reset_gathered_peak()
+        engine._core.gatherer.reset_gathered_peak()
         engine.backward(loss)
-        peaks.append(engine._core.coordinator.peak_gathered_numel)
+        peaks.append(engine._core.gatherer.peak_gathered_numel)
         engine.step()
         _reference_step(reference, ref_opt, x)
     _assert_matches(model, reference)

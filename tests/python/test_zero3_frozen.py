@@ -143,13 +143,13 @@ def frozen_worker(use_init, prefetch, save_dir):
         losses = []
         for k in range(gas):
             start = (k * world + rank) * micro
-            engine._core.coordinator.reset_gathered_peak()
+            engine._core.gatherer.reset_gathered_peak()
             loss = engine(batch[start:start + micro])
-            forward_peaks.append(engine._core.coordinator.peak_gathered_numel)
+            forward_peaks.append(engine._core.gatherer.peak_gathered_numel)
             losses.append(loss.item())
-            engine._core.coordinator.reset_gathered_peak()
+            engine._core.gatherer.reset_gathered_peak()
             engine.backward(loss)
-            backward_peaks.append(engine._core.coordinator.peak_gathered_numel)
+            backward_peaks.append(engine._core.gatherer.peak_gathered_numel)
             engine.step()
         ref_opt.zero_grad()
         ref_losses = []
@@ -413,9 +413,9 @@ def checkpointed_lora_worker(reentrant, shared):
     for step in range(3):
         x = torch.randn(2, D, generator=torch.Generator().manual_seed(step))
         loss = engine(x)
-        engine._core.coordinator.reset_gathered_peak()
+        engine._core.gatherer.reset_gathered_peak()
         engine.backward(loss, scale_wrt_gas=False)
-        peaks.append(engine._core.coordinator.peak_gathered_numel)
+        peaks.append(engine._core.gatherer.peak_gathered_numel)
         engine.step()
         reference.zero_grad()
         reference(x).backward()  # reentrant checkpointing refuses autograd.grad

@@ -265,7 +265,7 @@ def eval_read_worker():
         with torch.no_grad():
             loss = engine(batch)
         assert torch.allclose(loss, reference(batch), rtol=1e-5)
-        assert engine._core.coordinator.live_gathered_numel == 0
+        assert engine._core.gatherer.live_gathered_numel == 0
     engine.train()
     engine.backward(engine(batch))
     engine.step()
@@ -362,11 +362,11 @@ def external_read_worker(kind, precision):
     cfg = _config(precision, stage3_max_live_parameters=cap)
     engine, *_ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     _train_against(engine, model, reference, precision)
-    core = engine._core.coordinator
-    assert core.prefetched_params > 0  # prefetching ran, within the cap
-    assert 0 < core.peak_gathered_numel <= cap, core.peak_gathered_numel
-    assert core.live_gathered_numel == 0  # every gather was released
-    assert core.trace_invalidations == 0  # the readers joined the order without a warning
+    gatherer = engine._core.gatherer
+    assert gatherer.prefetched_params > 0  # prefetching ran, within the cap
+    assert 0 < gatherer.peak_gathered_numel <= cap, gatherer.peak_gathered_numel
+    assert gatherer.live_gathered_numel == 0  # every gather was released
+    assert engine._core.coordinator.trace_invalidations == 0  # the readers joined the order without a warning
 
 
 @pytest.mark.parametrize("world", [2, 4])

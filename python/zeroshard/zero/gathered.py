@@ -1,7 +1,7 @@
 """deepspeed.zero.GatheredParameters: whole parameters for the length of a `with` block under
 ZeRO-3, and, with modifier_rank, that rank's edits kept by everyone afterwards.
 
-Four kinds of tensor take part: those an engine partitions (its coordinator gathers them), those
+Four kinds of tensor take part: those an engine partitions (its gatherer gathers them), those
 zero.Init partitioned before any engine exists (gathered here, on zero.Init's communicator: how
 Hugging Face initializes and loads a model under ZeRO-3), those an engine holds whole at stages
 0-2 (already whole; with modifier_rank that rank's edit is broadcast into every rank's master and
@@ -66,7 +66,7 @@ class GatheredParameters:
         if not self.enabled:
             return self
         for core, params in self._by_core(self.engine):
-            core.coordinator.fetch_params([p._zeroshard_index for p in params])
+            core.gatherer.fetch_params([p._zeroshard_index for p in params])
         gather_before_engine(self.before_engine)
         return self
 
@@ -78,8 +78,8 @@ class GatheredParameters:
             indices = [p._zeroshard_index for p in params]
             if keep is not None:
                 for i in indices:  # broadcast by the engine's communicator, numbered and watched
-                    core.coordinator.write_back(i, keep)
-            core.coordinator.release_params(indices)
+                    core.gatherer.write_back(i, keep)
+            core.gatherer.release_params(indices)
         repartition_before_engine(self.before_engine, keep)
         if keep is not None:
             for p in self.whole:

@@ -1,9 +1,10 @@
 """ZeRO-3 module hooks: a module's parameters are gathered just before its forward and released
 after it; an identity autograd node on its outputs gathers them again just before its backward.
-The C++ coordinator (zeroshard._C.ZeroOptimizer) owns the parameters' state and decides when
-backward is done with them; for a module holding frozen parameters, these hooks tell it when every
-autograd node the module's forward created has run (_NodesRun), and whether that report may
-release anything is _C.FrozenRelease's decision (zero/frozen_release.h)."""
+The C++ coordinator (zeroshard._C.ParamCoordinator, over the ParamGatherer that owns the
+parameters' gather state) decides when backward is done with them; for a module holding frozen
+parameters, these hooks tell it when every autograd node the module's forward created has run
+(_NodesRun), and whether that report may release anything is _C.FrozenRelease's decision
+(zero/frozen_release.h)."""
 import copy
 import dataclasses
 

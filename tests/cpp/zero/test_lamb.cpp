@@ -52,7 +52,7 @@ std::vector<at::Tensor> train(int stage, int rank, std::shared_ptr<Comm> comm) {
     for (const auto& g : groups) {
       for (const auto& v : g) params.push_back(v.clone());
     }
-    opt.coordinator().attach(params);
+    opt.coordinator().gatherer().attach(params);
   }
   std::vector<GroupHyper> hypers(2);
   for (size_t g = 0; g < 2; ++g) {

@@ -65,7 +65,7 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
   std::vector<at::Tensor> params;
   if (opt.strategy().partitions_params()) {
     for (const auto& v : values) params.push_back(v.clone());
-    opt.coordinator().attach(params);
+    opt.coordinator().gatherer().attach(params);
   }
   GroupHyper h;
   h.lr = kLr, h.weight_decay = kDecay, h.beta1 = kBeta1, h.beta2 = kBeta2, h.eps = kEps;
@@ -85,9 +85,9 @@ std::vector<at::Tensor> train(int stage, int gas, int rank, std::shared_ptr<Comm
   for (size_t i = 0; i < kShapes.size(); ++i) out.push_back(opt.full_values().get(int64_t(i), "fp32_param"));
   if (opt.strategy().partitions_params()) {
     std::vector<int64_t> all = {0, 1, 2, 3};
-    opt.coordinator().fetch_params(all);
+    opt.coordinator().gatherer().fetch_params(all);
     for (const auto& p : params) out.push_back(p.clone());
-    opt.coordinator().release_params(all);
+    opt.coordinator().gatherer().release_params(all);
   }
   return out;
 }
@@ -139,7 +139,7 @@ ClipResult clipped_step(int stage, const std::string& type, double clip, int ran
   ZeroOptimizer opt(comm, cfg, cfg.optimizer, {values}, at::kFloat);
   if (opt.strategy().partitions_params()) {
     for (const auto& v : values) params.push_back(v.clone());
-    opt.coordinator().attach(params);
+    opt.coordinator().gatherer().attach(params);
   }
   GroupHyper h;
   h.lr = kLr, h.weight_decay = 0.0, h.eps = kClipAdamEps;

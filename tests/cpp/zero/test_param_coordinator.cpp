@@ -40,14 +40,14 @@ Setup make_setup(std::shared_ptr<Comm> comm) {
   s.opt = std::make_unique<ZeroOptimizer>(comm, cfg, cfg.optimizer,
                                           std::vector<std::vector<at::Tensor>>{s.values}, at::kFloat);
   for (const auto& v : s.values) s.params.push_back(v.clone());
-  s.opt->coordinator().attach(s.params);
+  s.opt->coordinator().gatherer().attach(s.params);
   return s;
 }
 
 // The sizes of the parameters' tensors (0 when released), then the live gathered count.
 void record_sizes(const Setup& s, std::vector<int64_t>& seen) {
   for (const auto& p : s.params) seen.push_back(p.numel());
-  seen.push_back(s.opt->coordinator().live_gathered_numel());
+  seen.push_back(s.opt->coordinator().gatherer().counters().live_numel);
 }
 
 // What one rank saw, step by step: sizes and the results of the calls under test.
