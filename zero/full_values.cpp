@@ -8,15 +8,6 @@
 
 namespace zeroshard {
 
-void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full) {
-  storage.write_tensor(i, full);
-  if (!shard || shard->shares_model_copy()) return;
-  if (const auto piece = storage.owned_piece(i)) {
-    shard->master().narrow(0, piece->buffer_begin, piece->numel)
-        .copy_(full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
-  }
-}
-
 FullValues::FullValues(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
                        FlatGroup* frozen, const ZeroStrategy& strategy, std::shared_ptr<Comm> comm,
                        const TrainingState& state, ParamGatherer* gatherer)

@@ -18,10 +18,6 @@
 
 namespace zeroshard {
 
-// Tensor i of `storage` takes `full` (its whole value, fp32): the model copy, and the owned
-// piece of `shard`'s master when it has one of its own. The one way values enter a group.
-void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full);
-
 class FullValues {
  public:
   // groups[i]'s shard is shards[i]; `frozen` (stage 3, may be null) comes after them in the

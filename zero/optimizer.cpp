@@ -107,20 +107,12 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
       frozen_ = std::make_unique<FlatGroup>(frozen, frozen_spec, memory_);
       gathered.push_back(frozen_.get());
     }
-    // Values written through the gatherer (GatheredParameters) reach the master copy too.
-    auto write = [this](int64_t index, const at::Tensor& full) {
-      int64_t i = index;
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        if (i < groups_[g]->num_tensors()) {
-          write_tensor_values(*groups_[g], shards_[g].get(), i, full);
-          return;
-        }
-        i -= groups_[g]->num_tensors();
-      }
-      write_tensor_values(*frozen_, nullptr, i, full);
-    };
+    // Values written through the gatherer (GatheredParameters) reach the master copy too; the
+    // frozen group has no shard.
+    std::vector<OptimizerShard*> gathered_shards = shards;
+    if (frozen_) gathered_shards.push_back(nullptr);
     coordinator_ = std::make_unique<ParamCoordinator>(gathered, comm_, config.zero_optimization,
-                                                      memory_, write);
+                                                      memory_, gathered_shards);
   }
   step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,

@@ -53,6 +53,15 @@ int64_t OptimizerShard::slot(const std::string& what) const {
   return it - names.begin();
 }
 
+void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full) {
+  storage.write_tensor(i, full);
+  if (!shard || shard->shares_model_copy()) return;
+  if (const auto piece = storage.owned_piece(i)) {
+    shard->master().narrow(0, piece->buffer_begin, piece->numel)
+        .copy_(full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
+  }
+}
+
 std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::vector<at::Tensor>& values,
                                            const std::vector<ChunkedShape>& prechunked,
                                            const OptimizerConfig& config, MemoryAccount& memory) {

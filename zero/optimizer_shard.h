@@ -52,6 +52,10 @@ class OptimizerShard {
   int64_t master_bytes_ = 0, state_bytes_ = 0;
 };
 
+// Tensor i of `storage` takes `full` (its whole value, fp32): the model copy, and the owned
+// piece of `shard`'s master when it has one of its own. The one way values enter a group.
+void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full);
+
 // Group `storage`'s shard. Its master is the model copy's owned slice when the model is fp32,
 // else a new fp32 tensor seeded from the caller's fp32 `values` (one per tensor: whole, or this
 // rank's chunk where `prechunked` gives a full shape), not from the rounded 16-bit copy.

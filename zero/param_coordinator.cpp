@@ -10,8 +10,8 @@ namespace zeroshard {
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
                                    const ZeroConfig& config, MemoryAccount& memory,
-                                   WriteValues write_values)
-    : gatherer_(std::move(groups), comm, config, memory, std::move(write_values),
+                                   std::vector<OptimizerShard*> shards)
+    : gatherer_(std::move(groups), comm, config, memory, std::move(shards),
                 [this](int64_t param) { return reused_soon(param); }),
       rank_(comm->rank()),
       prefetch_numel_(config.stage3_prefetch_bucket_size),

@@ -40,10 +40,10 @@ namespace zeroshard {
 
 class ParamCoordinator {
  public:
-  using WriteValues = ParamGatherer::WriteValues;
-  // The gatherer's groups, communicator, memory account and writer (see ParamGatherer).
+  // The gatherer's groups, communicator, memory account and shards (see ParamGatherer).
   ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                   const ZeroConfig& config, MemoryAccount& memory, WriteValues write_values = nullptr);
+                   const ZeroConfig& config, MemoryAccount& memory,
+                   std::vector<OptimizerShard*> shards = {});
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
 

@@ -15,9 +15,9 @@ constexpr int64_t kDirectGatherNumel = int64_t(1) << 20;
 }  // namespace
 
 ParamGatherer::ParamGatherer(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
-                             const ZeroConfig& config, MemoryAccount& memory, WriteValues write_values,
-                             ReusedSoon reused_soon)
-    : groups_(std::move(groups)), comm_(std::move(comm)), write_values_(std::move(write_values)),
+                             const ZeroConfig& config, MemoryAccount& memory,
+                             std::vector<OptimizerShard*> shards, ReusedSoon reused_soon)
+    : groups_(std::move(groups)), comm_(std::move(comm)), shards_(std::move(shards)),
       reused_soon_(std::move(reused_soon)),
       max_live_numel_(config.stage3_max_live_parameters),
       memory_(memory) {
@@ -177,12 +177,9 @@ void ParamGatherer::write_back(int64_t param_index, int modifier_rank) {
 }
 
 void ParamGatherer::write(int64_t param_index, const at::Tensor& full) {
-  if (write_values_) {
-    write_values_(param_index, full);
-  } else {
-    const Param& p = params_.at(size_t(param_index));
-    groups_[size_t(p.group)]->write_tensor(p.index, full);
-  }
+  const Param& p = params_.at(size_t(param_index));
+  OptimizerShard* shard = shards_.empty() ? nullptr : shards_.at(size_t(p.group));
+  write_tensor_values(*groups_[size_t(p.group)], shard, p.index, full);
 }
 
 void ParamGatherer::overwrite(int64_t param_index, const at::Tensor& full) {

@@ -22,6 +22,7 @@
 #include "runtime/config/config.h"
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
+#include "zero/optimizer_shard.h"
 
 namespace zeroshard {
 
@@ -42,15 +43,14 @@ struct GatherCounters {
 
 class ParamGatherer {
  public:
-  // Writes a parameter's full value (global index) into its group's storage and wherever else it
-  // is kept (the optimizer shard's master); null: the storage only.
-  using WriteValues = std::function<void(int64_t param_index, const at::Tensor& full)>;
   // Whether a parameter that nothing references any longer is used again soon (ParamCoordinator's
   // reading of the fetch order); null: never.
   using ReusedSoon = std::function<bool(int64_t param_index)>;
-  // `groups`' tensors, group by group, are the parameters' global indices.
+  // `groups`' tensors, group by group, are the parameters' global indices. `shards`: each group's
+  // optimizer shard (null for a frozen group; empty for none), whose master takes written values.
   ParamGatherer(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm, const ZeroConfig& config,
-                MemoryAccount& memory, WriteValues write_values = nullptr, ReusedSoon reused_soon = nullptr);
+                MemoryAccount& memory, std::vector<OptimizerShard*> shards = {},
+                ReusedSoon reused_soon = nullptr);
   ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -118,7 +118,7 @@ class ParamGatherer {
     std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
     std::vector<CommWork> direct_works;
   };
-  // A parameter's full value into its storage (write_values_, or the group alone).
+  // A parameter's full value into its group's storage and shard (write_tensor_values).
   void write(int64_t param_index, const at::Tensor& full);
   void gather(const std::vector<int64_t>& params);
   int64_t start_gather(int64_t group, const std::vector<int64_t>& members);
@@ -135,7 +135,7 @@ class ParamGatherer {
 
   std::vector<FlatGroup*> groups_;
   std::shared_ptr<Comm> comm_;
-  WriteValues write_values_;
+  std::vector<OptimizerShard*> shards_;
   ReusedSoon reused_soon_;
   int64_t max_live_numel_;
   MemoryAccount& memory_;

@@ -167,7 +167,6 @@ StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t sampl
     // As torch.optim: a state created by this step starts from the gradient (SGD's momentum), one
     // that safe_set_full_optimizer_state created before the first step is continued from.
     scalars[g].fresh_state = !shards_[g]->has_state();
-    shards_[g]->state();
   }
   double local_sum_sq = 0.0;
   if (row_.tensor_norms) {

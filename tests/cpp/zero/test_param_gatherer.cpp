@@ -127,7 +127,7 @@ std::vector<int64_t> reuse(int, std::shared_ptr<Comm> comm) {
   auto s = make_setup(*comm);
   const int64_t cap = kNumels[0] + kNumels[2];
   auto soon = [](int64_t i) { return i == 0 || i == 2 || i == 5; };
-  ParamGatherer g({s->trainable.get(), s->frozen.get()}, comm, config(cap), s->memory, nullptr, soon);
+  ParamGatherer g({s->trainable.get(), s->frozen.get()}, comm, config(cap), s->memory, {}, soon);
   Seen seen{*s, g, {}};
   g.attach(s->params);
   g.fetch_params({0});
