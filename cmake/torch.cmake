@@ -49,3 +49,18 @@ target_link_libraries(zeroshard_torch_python INTERFACE zeroshard_aten ${ZEROSHAR
 # torch's bundled pybind11 (include/pybind11) is the one whose type casters carry tensors and
 # process groups across the seam, so no other pybind11 is used.
 target_compile_definitions(zeroshard_torch_python INTERFACE TORCH_EXTENSION_NAME=_C TORCH_API_INCLUDE_EXTENSION_H)
+
+# The extension shares std::string, exceptions and iostreams with libtorch, so it must link the
+# shared libstdc++ libtorch uses. A g++ that finds only libstdc++.a (a wrapper whose -B folder holds
+# the archive but not the .so, as /opt/gcc/bin/g++ on the GPU machine does) copies a second
+# libstdc++ into _C, which then segfaults at its first ostringstream.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so
+                  OUTPUT_VARIABLE _zs_stdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${_zs_stdcxx}")
+    message(FATAL_ERROR "zeroshard: ${CMAKE_CXX_COMPILER} finds no shared libstdc++ "
+            "(-print-file-name=libstdc++.so prints '${_zs_stdcxx}'), so the extension would carry its own "
+            "static copy beside libtorch's shared one and crash. Build with a g++ that links the shared "
+            "one, e.g. CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ make build (and rm -rf build first).")
+  endif()
+endif()

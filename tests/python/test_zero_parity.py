@@ -149,11 +149,12 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
     config = _config(stage, precision, gas, optimizer, clip, bucket, extra)
     engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
+    reference.to(engine.device)  # CUDA with NCCL where a GPU is present (test_cuda_engine.py)
     ref_params = [p for p in reference.parameters() if p.requires_grad]
     ref_opt = _reference_optimizer(optimizer, ref_params)
     losses, norms = [], []
     for step in range(steps):
-        batch = global_batch(model_name, step, MICRO * gas * world)
+        batch = global_batch(model_name, step, MICRO * gas * world).to(engine.device)
         local = 0.0
         for m in range(gas):
             start = (m * world + rank) * MICRO
@@ -161,7 +162,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
             engine.backward(loss)
             engine.step()
             local += float(loss.detach()) / gas
-        total = torch.tensor([local], dtype=torch.float64)
+        total = torch.tensor([local], dtype=torch.float64, device=engine.device)
         dist.all_reduce(total)
         ref_opt.zero_grad()
         ref_loss = 0.0
@@ -212,10 +213,10 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         master = engine._core.master(0)
         if stage == 3:
             expect = torch.cat(_chunks(ref_params, rank, world))
-            moved = (expect - torch.cat(_chunks(initial, rank, world))).norm().item()
+            moved = (expect - torch.cat(_chunks(initial, rank, world)).to(expect.device)).norm().item()
         else:
             expect = _owned_reference(ref_params, rank, world, sharded=stage >= 1)
-            moved = (expect - _owned_reference(initial, rank, world, sharded=stage >= 1)).norm().item()
+            moved = (expect - _owned_reference(initial, rank, world, sharded=stage >= 1).to(expect.device)).norm().item()
         err = (master - expect).norm().item()
         assert err <= 0.1 * moved, f"rank {rank}: bf16 masters off by {err:.3e}, reference moved {moved:.3e}"
         if os.environ.get("ZEROSHARD_TEST_VERBOSE"):
