@@ -1,0 +1,168 @@
+"""zeroshard.checkpoint_import.deepspeed reads the checkpoints DeepSpeed 0.19 wrote in
+tests/fixtures/deepspeed/ (made by make_fixture.py there) exactly as DeepSpeed's own API reported
+them at save time, and refuses bad files with errors that name them, without running their code."""
+import functools
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from zeroshard.checkpoint_import.deepspeed import (
+    DeepSpeedCheckpoint, find_deepspeed_checkpoint, is_deepspeed_checkpoint, load_file)
+
+st = pytest.importorskip("safetensors.torch", reason="pip install safetensors to read the expected tensors")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "deepspeed")
+CASES = sorted(n for n in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, n, "expected.json")))
+
+
+def test_every_fixture_is_found():
+    assert CASES == ["zero1_bf16", "zero1_fp32", "zero2_bf16", "zero2_fp32", "zero3_bf16", "zero3_fp32"]
+
+
+@functools.lru_cache(maxsize=None)
+def loaded(case):
+    with open(os.path.join(FIXTURES, case, "expected.json")) as f:
+        expected = json.load(f)
+    path = find_deepspeed_checkpoint(os.path.join(FIXTURES, case))
+    return DeepSpeedCheckpoint(path), expected, st.load_file(os.path.join(FIXTURES, case, "expected.safetensors"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tensors_equal_deepspeeds_own(case):
+    ckpt, info, tensors = loaded(case)
+    for key, want in tensors.items():
+        got = ckpt.tensor(key)
+        assert got.dtype == want.dtype and got.shape == want.shape, key
+        assert torch.equal(got, want), key
+    # and expected.safetensors covers every tensor the checkpoint has
+    kinds = ["param"] + ["master"] + [f"optim/{s}" for s in ckpt.optimizer_state_names]
+    have = {f"param/{n}" for n in ckpt.param_names}
+    have |= {f"{k}/{n}" for k in kinds[1:] for n in ckpt.param_names if n not in ckpt.frozen_names}
+    have |= {f"buffer/{n}" for n in ckpt.buffer_names}
+    assert have == set(tensors)
+    assert "deepspeed" not in sys.modules
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_layout_facts(case):
+    ckpt, info, tensors = loaded(case)
+    assert (ckpt.world_size, ckpt.zero_stage, ckpt.dtype) == (info["world_size"], info["zero_stage"], info["dtype"])
+    assert ckpt.param_names == info["param_names"]
+    assert ckpt.frozen_names == set(info["frozen_names"])
+    assert ckpt.buffer_names == info["buffer_names"]
+    assert ckpt.optimizer_state_names == ["exp_avg", "exp_avg_sq"]
+    for name in ckpt.param_names:
+        assert ckpt.shape(name) == tensors[f"param/{name}"].shape
+    for frozen in ckpt.frozen_names:
+        with pytest.raises(KeyError, match="frozen"):
+            ckpt.tensor(f"master/{frozen}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sections_equal_what_deepspeed_reported(case):
+    ckpt, info, _ = loaded(case)
+    sections = json.loads(json.dumps(ckpt.sections()))  # plain JSON values, and nothing else
+    assert sections["training_state"] == {k: info[k] for k in ("global_steps", "global_samples", "skipped_steps")}
+    assert sections["lr_scheduler"] == info["lr_scheduler"]
+    assert sections["client_state"] == info["client_state"]
+    assert sections["loss_scaler"].get("scale") == info["loss_scale"]
+    assert sections["optimizer"]["type"] == info["optimizer_type"]
+    assert sections["optimizer"]["step"] == info["optimizer_step"]
+    assert sections["optimizer"]["param_groups"] == info["param_groups"]
+    assert sections["deepspeed"]["version"] == info["deepspeed_version"]
+
+
+def test_find_and_recognise(tmp_path):
+    load_dir = os.path.join(FIXTURES, "zero2_fp32")
+    tag_dir = os.path.join(load_dir, "step3")
+    assert find_deepspeed_checkpoint(load_dir) == tag_dir
+    assert find_deepspeed_checkpoint(load_dir, tag="step3") == tag_dir
+    assert find_deepspeed_checkpoint(str(tmp_path)) is None  # no `latest`: nothing to load, as DeepSpeed
+    with pytest.raises(FileNotFoundError, match="global_step9"):
+        find_deepspeed_checkpoint(load_dir, tag="global_step9")
+    assert is_deepspeed_checkpoint(tag_dir)
+    assert is_deepspeed_checkpoint(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+    assert not is_deepspeed_checkpoint(load_dir) and not is_deepspeed_checkpoint(str(tmp_path))
+
+
+def copy_of(case, tmp_path):
+    path = tmp_path / case
+    shutil.copytree(os.path.join(FIXTURES, case, "step3"), path)
+    return path
+
+
+def test_missing_directory_and_load_dir_given(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+        DeepSpeedCheckpoint(str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="find_deepspeed_checkpoint"):
+        DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero3_fp32"))
+
+
+@pytest.mark.parametrize("case, removed", [
+    ("zero2_fp32", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("zero3_fp32", "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+    ("zero2_bf16", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+])
+def test_missing_rank_file_is_named(tmp_path, case, removed):
+    path = copy_of(case, tmp_path)
+    os.remove(path / removed)
+    with pytest.raises(FileNotFoundError, match=removed):
+        DeepSpeedCheckpoint(str(path))
+
+
+def test_truncated_file_is_named(tmp_path):
+    path = copy_of("zero3_fp32", tmp_path)
+    victim = path / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = victim.read_bytes()
+    victim.write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=r"zero_pp_rank_1_mp_rank_00_optim_states\.pt: .*truncated"):
+        DeepSpeedCheckpoint(str(path))
+
+
+def test_file_that_is_not_deepspeeds(tmp_path):
+    path = copy_of("zero1_fp32", tmp_path)
+    torch.save({"weight": torch.zeros(3)}, path / "mp_rank_00_model_states.pt")
+    with pytest.raises(ValueError, match="mp_rank_00_model_states.pt: not a DeepSpeed model states file"):
+        DeepSpeedCheckpoint(str(path))
+
+
+class RunsCode:
+    """Pickles as a call of os.system: what a malicious checkpoint would hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_disallowed_global_is_refused_and_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    path = copy_of("zero2_fp32", tmp_path)
+    victim = path / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": {"partition_count": [2, 2], "x": RunsCode(marker)}}, victim)
+    name = f"{os.system.__module__}.{os.system.__name__}"  # posix.system on Linux
+    with pytest.raises(ValueError, match=rf"optim_states\.pt: refused: .*{name}.*loading code from a checkpoint"):
+        DeepSpeedCheckpoint(str(path))
+    # the same as a plain pickle: not a torch.save archive, refused before any unpickling
+    plain = tmp_path / "plain.pt"
+    import pickle
+    plain.write_bytes(pickle.dumps({"x": RunsCode(marker)}))
+    with pytest.raises(ValueError, match="plain.pt: not a torch.save archive"):
+        load_file(str(plain))
+    assert not marker.exists()
+
+
+def test_unknown_names(tmp_path):
+    ckpt = loaded("zero2_fp32")[0]
+    with pytest.raises(KeyError, match="no such parameter"):
+        ckpt.tensor("param/nope")
+    with pytest.raises(KeyError, match="expected param/<name>"):
+        ckpt.tensor("weights/fc1.weight")
+    with pytest.raises(KeyError, match="no optimizer state 'momentum'"):
+        ckpt.tensor("optim/momentum/fc1.weight")
