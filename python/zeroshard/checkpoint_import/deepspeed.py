@@ -10,7 +10,8 @@ import zipfile
 
 import torch
 
-__all__ = ["DeepSpeedCheckpoint", "find_deepspeed_checkpoint", "is_deepspeed_checkpoint", "ALLOWED_GLOBALS"]
+__all__ = ["DeepSpeedCheckpoint", "find_deepspeed_checkpoint", "is_deepspeed_checkpoint", "load_file",
+           "ALLOWED_GLOBALS"]
 
 # mp_rank_00_model_states.pt (stage 0-2), zero_pp_rank_<dp>_mp_rank_00_model_states.pt (stage 3),
 # [bf16_]zero_pp_rank_<dp>_mp_rank_00_optim_states.pt (one per data-parallel rank).
@@ -142,9 +143,9 @@ class DeepSpeedCheckpoint:
 
     def __init__(self, ckpt_dir):
         self.path = ckpt_dir
-        model_paths, optim_paths = self._find_files(ckpt_dir)
+        model_paths, optim_paths, optim0 = self._find_files(ckpt_dir)
         self._model = [self._checked_model(load_file(p), p) for p in model_paths]
-        self._optim = [self._checked_optim(load_file(p), p) for p in optim_paths]
+        self._optim = [optim0] + [self._checked_optim(load_file(p), p) for p in optim_paths[1:]]
         self._optim_paths = optim_paths
         self._read_layout()
 
@@ -179,7 +180,8 @@ class DeepSpeedCheckpoint:
         first = os.path.join(ckpt_dir, optim_name(0))
         if not os.path.isfile(first):
             raise FileNotFoundError(f"{first}: missing; found {', '.join(optims)}")
-        counts = self._checked_optim(load_file(first), first).get("partition_count")
+        optim0 = self._checked_optim(load_file(first), first)
+        counts = optim0["partition_count"]
         world = max(counts) if isinstance(counts, (list, tuple)) else counts
         if not isinstance(world, int) or world < 1:
             raise ValueError(f"{first}: partition_count is {counts!r}; expected the data-parallel world size")
@@ -201,7 +203,8 @@ class DeepSpeedCheckpoint:
                              "(left over from another save?)")
         self.world_size = world
         self._per_rank_models = stage3
-        return ([os.path.join(ckpt_dir, n) for n in want_models], [os.path.join(ckpt_dir, n) for n in want_optims])
+        return ([os.path.join(ckpt_dir, n) for n in want_models], [os.path.join(ckpt_dir, n) for n in want_optims],
+                optim0)
 
     @staticmethod
     def _checked_model(state, path):
@@ -267,8 +270,10 @@ class DeepSpeedCheckpoint:
         self._shared = dict(model0.get("shared_params") or {})
         module = model0["module"]
         buffers = set(model0["buffer_names"])
-        if self.zero_stage >= 2 and model0.get("frozen_param_shapes") is not None:
+        if model0.get("frozen_param_shapes") is not None:  # stages 2/3
             self._frozen = {n: torch.Size(s) for n, s in model0["frozen_param_shapes"].items()}
+        elif self.zero_stage == 3:  # saved with exclude_frozen_parameters=True
+            self._frozen = {}
         else:  # stage 1 records frozen parameters only in the module state_dict
             self._frozen = {n: t.shape for n, t in module.items()
                             if n not in buffers and n not in self._slots and n not in self._shared
