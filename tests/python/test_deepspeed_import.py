@@ -1,11 +1,13 @@
 """zeroshard.checkpoint_import.deepspeed reads the checkpoints DeepSpeed 0.19 wrote in
 tests/fixtures/deepspeed/ (made by make_fixture.py there) exactly as DeepSpeed's own API reported
 them at save time, and refuses bad files with errors that name them, without running their code."""
+import contextlib
 import functools
 import json
 import os
 import shutil
 import sys
+import types
 
 import pytest
 import torch
@@ -157,6 +159,52 @@ def test_disallowed_global_is_refused_and_not_run(tmp_path):
     with pytest.raises(ValueError, match="plain.pt: not a torch.save archive"):
         load_file(str(plain))
     assert not marker.exists()
+
+
+@contextlib.contextmanager
+def pickled_under_deepspeeds_names():
+    """While open, pickle writes the reader's stand-ins under DeepSpeed's module paths, as DeepSpeed
+    writes its own classes (fake, empty `deepspeed.*` modules; all undone on exit)."""
+    from zeroshard.checkpoint_import.deepspeed import ALLOWED_GLOBALS
+    saved_modules = dict(sys.modules)
+    saved_names = [(cls, cls.__module__, cls.__qualname__) for cls, _ in ALLOWED_GLOBALS]
+    try:
+        for cls, qualified in ALLOWED_GLOBALS:
+            module_name, _, name = qualified.rpartition(".")
+            parts = module_name.split(".")
+            for depth in range(1, len(parts) + 1):
+                sys.modules.setdefault(".".join(parts[:depth]), types.ModuleType(".".join(parts[:depth])))
+            setattr(sys.modules[module_name], name, cls)
+            cls.__module__, cls.__qualname__ = module_name, name
+        yield
+    finally:
+        for cls, module_name, name in saved_names:
+            cls.__module__, cls.__qualname__ = module_name, name
+        for added in set(sys.modules) - set(saved_modules):
+            del sys.modules[added]
+
+
+def test_dynamic_loss_scaler(tmp_path):
+    """fp16 runs pickle a DynamicLossScaler; no fixture has one (DeepSpeed's CPU accelerator refuses
+    fp16 without oneDNN fp16), so re-save a fixture with one."""
+    from zeroshard.checkpoint_import.deepspeed import DynamicLossScaler
+    scaler = DynamicLossScaler()
+    fields = dict(cur_scale=1024.0, cur_iter=3, last_overflow_iter=1, scale_factor=2.0, scale_window=1000,
+                  min_scale=1.0, delayed_shift=2, cur_hysteresis=2, consecutive_hysteresis=False,
+                  raise_error_at_min_scale=True, dynamic=True, dtype=torch.float16)
+    scaler.__dict__.update(fields)
+    path = copy_of("zero2_fp32", tmp_path)
+    with pickled_under_deepspeeds_names():
+        for rank in (0, 1):
+            victim = path / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            state = load_file(str(victim))
+            state["optimizer_state_dict"].update(loss_scaler=scaler, dynamic_loss_scale=True)
+            torch.save(state, f"{victim}.new")  # not in place: `state` maps the old file's pages
+            os.replace(f"{victim}.new", victim)
+    assert "deepspeed" not in sys.modules
+    section = DeepSpeedCheckpoint(str(path)).sections()["loss_scaler"]
+    fields.update(scale=fields.pop("cur_scale"), dtype="float16")
+    assert section == fields
 
 
 def test_unknown_names(tmp_path):

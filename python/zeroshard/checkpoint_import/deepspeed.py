@@ -42,7 +42,7 @@ class FragmentAddress:
 
 
 # What the loader lets the pickles name beyond torch's own weights_only set (tensors, torch.Size,
-# dtypes, OrderedDict): DeepSpeed's data classes, each mapped to its stand-in. Nothing callable.
+# dtypes, OrderedDict): DeepSpeed's data classes, each mapped to its stand-in. No function.
 ALLOWED_GLOBALS = [
     (ZeroStageEnum, "deepspeed.runtime.zero.config.ZeroStageEnum"),
     (LossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
@@ -135,7 +135,9 @@ class _Slot:
 
 
 class DeepSpeedCheckpoint:
-    """A DeepSpeed ZeRO checkpoint directory (`<load_dir>/<tag>`), read whole at construction.
+    """A DeepSpeed ZeRO checkpoint directory (`<load_dir>/<tag>`). Construction opens and checks every
+    file; tensor data is memory-mapped and read when a tensor is asked for, so the files must not be
+    rewritten in place while it is in use (replacing them by rename is fine).
 
     tensor("param/<n>"), tensor("master/<n>"), tensor("optim/<state>/<n>"), tensor("buffer/<n>") give
     full CPU tensors; sections() gives the training state, loss scaler, LR scheduler, client_state and
