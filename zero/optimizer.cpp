@@ -176,4 +176,20 @@ void ZeroOptimizer::zero_grad() {
   full_values_->note_zero_grad();
 }
 
+std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
+  std::vector<FlatGroup*> groups;
+  std::vector<OptimizerShard*> shards;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups.push_back(groups_[g].get());
+    shards.push_back(shards_[g].get());
+  }
+  return zeroshard::shard_entries(groups, shards, frozen_.get(), *strategy_, with_state);
+}
+
+void ZeroOptimizer::after_load() {
+  if (!coordinator_) return;
+  coordinator_->release_all();
+  coordinator_->gatherer().refresh_persistent(/*include_frozen=*/true);
+}
+
 }  // namespace zeroshard

@@ -21,6 +21,7 @@
 #include "zero/optimizer_shard.h"
 #include "zero/param_coordinator.h"
 #include "zero/reducer.h"
+#include "zero/shard_entries.h"
 #include "zero/sharded_step.h"
 #include "zero/strategy.h"
 
@@ -88,6 +89,12 @@ class ZeroOptimizer {
   at::Tensor master(int64_t g) const { return shards_.at(size_t(g))->master(); }
   // DeepSpeed's safe_get_full_* / safe_set_full_*.
   FullValues& full_values() { return *full_values_; }
+  // What this rank holds, for checkpoints (shard_entries.h); `with_state` creates the optimizer
+  // state where no step has run yet, for a load to fill.
+  std::vector<ShardEntry> shard_entries(bool with_state);
+  // After a load wrote into shard_entries' views between steps: stage 3 releases what is gathered
+  // and gathers the persistent parameters again from the new chunks.
+  void after_load();
 
  private:
   // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32), except

@@ -190,11 +190,11 @@ void ParamGatherer::overwrite(int64_t param_index, const at::Tensor& full) {
   if (p.gathered) p.tensor.detach().copy_(full.view(p.tensor.sizes()));
 }
 
-void ParamGatherer::refresh_persistent() {
+void ParamGatherer::refresh_persistent(bool include_frozen) {
   std::vector<int64_t> persistent;
   for (size_t i = 0; i < params_.size(); ++i) {
     // Frozen values do not change in a step.
-    if (params_[i].persistent && !params_[i].frozen) {
+    if (params_[i].persistent && (include_frozen || !params_[i].frozen)) {
       persistent.push_back(int64_t(i));
       if (params_[i].gathered) drop(params_[i]);
     }

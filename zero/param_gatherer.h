@@ -85,8 +85,9 @@ class ParamGatherer {
   // safe_set_full_fp32_param: `full` (fp32, the same on every rank) becomes the parameter's value
   // in this rank's chunk and master copy, and in its gathered tensor where it is gathered now.
   void overwrite(int64_t param_index, const at::Tensor& full);
-  // After a step: persistent parameters take their updated values from every rank's chunks.
-  void refresh_persistent();
+  // After a step: persistent parameters take their updated values from every rank's chunks
+  // (frozen ones too with include_frozen: after a checkpoint load rewrote every chunk).
+  void refresh_persistent(bool include_frozen = false);
 
   const GatherCounters& counters() const { return counters_; }
   void reset_peak() { counters_.peak_live_numel = counters_.live_numel; }

@@ -108,6 +108,12 @@ void bind_zero(py::module_& m) {
     d["offload_param"] = c->zero_optimization.offload_param.device;
     d["gather_16bit_weights_on_model_save"] =
         c->zero_optimization.stage3_gather_16bit_weights_on_model_save;
+    py::dict ck;
+    ck["tag_validation"] = c->checkpoint.tag_validation;
+    ck["load_universal"] = c->checkpoint.load_universal;
+    ck["use_node_local_storage"] = c->checkpoint.use_node_local_storage;
+    ck["parallel_write_pipeline_stage"] = c->checkpoint.parallel_write_pipeline_stage;
+    d["checkpoint"] = ck;
     return d;
   });
 
@@ -265,7 +271,19 @@ void bind_zero(py::module_& m) {
       .def_property_readonly("state", &ZeroOptimizer::training_state, py::return_value_policy::reference_internal)
       .def_property_readonly("memory", &ZeroOptimizer::memory, py::return_value_policy::reference_internal)
       .def_property_readonly("num_buckets", &ZeroOptimizer::num_buckets)
-      .def_property_readonly("num_params", &ZeroOptimizer::num_params);
+      .def_property_readonly("num_params", &ZeroOptimizer::num_params)
+      // [(kind, parameter index, first element, 1-D live view, replicated)] (zero/shard_entries.h)
+      .def("shard_entries", [](ZeroOptimizer& o, bool with_state) {
+        py::list out;
+        for (const ShardEntry& e : o.shard_entries(with_state)) {
+          out.append(py::make_tuple(e.kind, e.index, e.tensor_begin, e.values, e.replicated));
+        }
+        return out;
+      }, py::arg("with_state"))
+      .def("after_load", &ZeroOptimizer::after_load, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("optimizer_type", [](const ZeroOptimizer& o) { return o.optimizer().type; })
+      .def_property_readonly("state_names",
+                             [](const ZeroOptimizer& o) { return optimizer_row(o.optimizer().type).state_names; });
 }
 
 }  // namespace zeroshard::python

@@ -18,4 +18,5 @@ PYBIND11_MODULE(_C, m) {
   zeroshard::python::bind_config(m);
   zeroshard::python::bind_zero(m);
   zeroshard::python::bind_kernels(m);
+  zeroshard::python::bind_checkpoint(m);
 }

@@ -458,14 +458,19 @@ class ZeroShardEngine(torch.nn.Module):
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
-        raise NotImplementedError("save_checkpoint: sharded checkpoints are not implemented in "
-                                  "zeroshard yet (planned: per-rank shard files + JSON manifest)")
+        """DeepSpeed's save_checkpoint: every rank calls it; writes save_dir/<tag>/ (default tag
+        global_step<N>) atomically and, with save_latest, save_dir/latest (zeroshard/checkpoint)."""
+        from zeroshard.checkpoint import save_checkpoint
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False, custom_load_fn=None):
-        raise NotImplementedError("load_checkpoint: sharded checkpoints are not implemented in "
-                                  "zeroshard yet (planned: per-rank shard files + JSON manifest)")
+        """DeepSpeed's load_checkpoint: returns (load_path, client_state), or (None, None) when
+        load_dir has no `latest` and no tag is given. Reshards to this run's world and stage."""
+        from zeroshard.checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                               load_lr_scheduler_states, load_module_only, custom_load_fn)
 
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""

@@ -1,0 +1,164 @@
+"""What a checkpoint holds and under which names: the run as the checkpoint code sees it (RunView),
+this rank's pieces to write, the "layout" section, and client_state as JSON plus tensors."""
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def tensor_name(kind: str, name: str) -> str:
+    """The checkpoint's name for one parameter's `kind` ("param", "master" or a state name)."""
+    if kind in ("param", "master"):
+        return f"{kind}/{name}"
+    return f"optim/{kind}/{name}"
+
+
+@dataclass
+class RunView:
+    """The engine as checkpoints see it. `names[i]` / `shapes[i]`: the core's parameter i (trainable
+    group by group, then stage 3's frozen ones); `loose`: parameters the core does not hold (frozen
+    ones below stage 3, trainable ones in no optimizer group), whole on every rank."""
+    comm: object
+    device: torch.device
+    rank: int
+    world: int
+    core: object
+    module: torch.nn.Module
+    dtype: torch.dtype
+    names: list
+    shapes: list
+    trainable: list
+    groups: list  # the group of each core parameter, None for frozen
+    loose: list = field(default_factory=list)  # (name, Parameter)
+    buffers: list = field(default_factory=list)  # (name, tensor), persistent ones
+    aliases: dict = field(default_factory=dict)  # tied name -> the name it shares
+
+    @property
+    def stage(self) -> int:
+        return self.core.strategy.stage
+
+    @property
+    def dtype_name(self) -> str:
+        return _DTYPE_NAMES[self.dtype]
+
+    @classmethod
+    def of(cls, engine):
+        core = engine._core
+        held = engine._gathered if core.strategy.partitions_params else engine._params
+        names = {id(p): n for n, p in engine.module.named_parameters()}
+        group_of = {}
+        for g, group in enumerate(engine.optimizer.param_groups):
+            for p in group["params"]:
+                group_of[id(p)] = g
+        shapes = [list(p.ds_shape) if hasattr(p, "ds_shape") else list(p.shape) for p in held]
+        held_ids = {id(p) for p in held}
+        loose = [(n, p) for n, p in engine.module.named_parameters() if id(p) not in held_ids]
+        persistent = set(engine.module.state_dict().keys())
+        buffers = [(n, b) for n, b in engine.module.named_buffers() if n in persistent]
+        aliases = {}
+        for n, p in engine.module.named_parameters(remove_duplicate=False):
+            if names.get(id(p), n) != n:
+                aliases[n] = names[id(p)]
+        return cls(comm=engine._comm, device=engine.device, rank=engine.global_rank,
+                   world=engine.world_size, core=core, module=engine.module, dtype=engine.dtype,
+                   names=[names[id(p)] for p in held], shapes=shapes,
+                   trainable=[p.requires_grad for p in held], groups=[group_of.get(id(p)) for p in held],
+                   loose=loose, buffers=buffers, aliases=aliases)
+
+
+def my_part(numel: int, rank: int, world: int):
+    """Rank `rank`'s part [begin, end) of a tensor every rank holds whole, so all ranks write."""
+    chunk = math.ceil(numel / world) if numel else 0
+    begin = min(numel, rank * chunk)
+    return begin, min(numel, begin + chunk)
+
+
+def rank_items(run: RunView, exclude_frozen: bool):
+    """(name, global shape, first element, 1-D values) for every piece this rank writes."""
+    items = []
+
+    def add(name, shape, begin, flat, replicated):
+        if replicated:
+            lo, hi = my_part(flat.numel(), run.rank, run.world)
+            begin, flat = begin + lo, flat[lo:hi]
+        if flat.numel():
+            items.append((name, list(shape), begin, flat))
+
+    for kind, index, begin, values, replicated in run.core.shard_entries(False):
+        if exclude_frozen and not run.trainable[index]:
+            continue
+        add(tensor_name(kind, run.names[index]), run.shapes[index], begin, values, replicated)
+    for name, p in run.loose:
+        if exclude_frozen and not p.requires_grad:
+            continue
+        add(tensor_name("param", name), p.shape, 0, p.detach().reshape(-1), True)
+    for name, b in run.buffers:
+        add(f"buffer/{name}", b.shape, 0, b.detach().reshape(-1), True)
+    return items
+
+
+def layout_section(run: RunView, exclude_frozen: bool) -> dict:
+    params = [{"name": n, "shape": s, "trainable": t, "group": g}
+              for n, s, t, g in zip(run.names, run.shapes, run.trainable, run.groups)]
+    params += [{"name": n, "shape": list(p.shape), "trainable": p.requires_grad, "group": None}
+               for n, p in run.loose]
+    return {"world_size": run.world, "zero_stage": run.stage, "dtype": run.dtype_name,
+            "params": params, "buffers": [n for n, _ in run.buffers], "aliases": run.aliases,
+            "frozen_excluded": exclude_frozen,
+            "optimizer": {"type": run.core.optimizer_type, "state_names": list(run.core.state_names)}}
+
+
+# ----- client_state: JSON values and tensors, nothing else ---------------------------------------
+
+_TENSOR, _TUPLE, _FLOAT = "__zeroshard_tensor__", "__zeroshard_tuple__", "__zeroshard_float__"
+
+
+def encode_client_state(state) -> tuple:
+    """(JSON value, [(key, tensor)]): tensors become {"__zeroshard_tensor__": key}, tuples and
+    non-finite floats are marked so they come back as they were. Anything else is a TypeError that
+    names the key: a checkpoint holds no pickles."""
+    tensors = []
+
+    def enc(v, path):
+        if isinstance(v, torch.Tensor):
+            key = f"client/{len(tensors)}"
+            tensors.append((key, v.detach()))
+            return {_TENSOR: key}
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else {_FLOAT: repr(v)}
+        if isinstance(v, dict):
+            out = {}
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"save_checkpoint: client_state{path}: key {k!r} is a "
+                                    f"{type(k).__name__}; JSON keys are strings, so use str keys")
+                out[k] = enc(item, f"{path}[{k!r}]")
+            return out
+        if isinstance(v, (list, tuple)):
+            items = [enc(item, f"{path}[{i}]") for i, item in enumerate(v)]
+            return {_TUPLE: items} if isinstance(v, tuple) else items
+        raise TypeError(f"save_checkpoint: client_state{path} is a {type(v).__module__}."
+                        f"{type(v).__qualname__}, which a checkpoint cannot hold: it stores JSON values "
+                        "(dict, list, tuple, str, int, float, bool, None) and tensors, never pickles; "
+                        "convert it, or save it in a file of your own")
+
+    return enc(state, ""), tensors
+
+
+def decode_client_state(value, read_tensor):
+    """The inverse of encode_client_state; read_tensor(key) gives a stored tensor."""
+    if isinstance(value, dict):
+        if set(value) == {_TENSOR}:
+            return read_tensor(value[_TENSOR])
+        if set(value) == {_TUPLE}:
+            return tuple(decode_client_state(v, read_tensor) for v in value[_TUPLE])
+        if set(value) == {_FLOAT}:
+            return float(value[_FLOAT])
+        return {k: decode_client_state(v, read_tensor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_client_state(v, read_tensor) for v in value]
+    return value

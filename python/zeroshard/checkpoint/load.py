@@ -1,0 +1,164 @@
+"""engine.load_checkpoint: each rank reads only the element ranges it holds under this run's world
+size and stage, whatever wrote the checkpoint (any world, any ZeRO stage, fp32 or 16-bit, or
+DeepSpeed), then the training state, LR scheduler and client_state."""
+import os
+import time
+
+import torch
+
+from zeroshard import _C
+from zeroshard.checkpoint.collective import failed_ranks
+from zeroshard.checkpoint.layout import RunView, decode_client_state, tensor_name
+from zeroshard.checkpoint.sources import open_source
+from zeroshard.log import log_rank0
+
+CK = _C.checkpoint
+
+
+def _find(load_dir, tag, rank):
+    """The tag's directory, or None (DeepSpeed's answer) when load_dir has no `latest` and no tag."""
+    load_dir = os.fspath(load_dir)
+    if not os.path.isdir(load_dir):
+        raise FileNotFoundError(f"load_checkpoint: {load_dir} is not a directory")
+    if tag is None:
+        tag = CK.read_latest(load_dir)
+        if tag is None:
+            log_rank0(f"warning: load_checkpoint: {load_dir} has no 'latest' file, so there is no "
+                      "checkpoint to resume; nothing was loaded (pass tag=... to name one)", rank)
+            return None, None
+    path = CK.find_checkpoint_dir(load_dir, str(tag))
+    if path is None:
+        tags = sorted(e for e in os.listdir(load_dir)
+                      if os.path.isdir(os.path.join(load_dir, e)) and not e.startswith("."))
+        raise FileNotFoundError(f"load_checkpoint: tag {str(tag)!r}: {os.path.join(load_dir, str(tag))} does "
+                                f"not exist (checkpoints there: {', '.join(tags) or 'none'})")
+    return path, str(tag)
+
+
+def _check_names(run, layout, strict):
+    """Names (and whole shapes) the model and the checkpoint do not share: an error under strict,
+    a warning listing them otherwise; returns the names to skip."""
+    saved = {p["name"]: p["shape"] for p in layout["params"]}
+    mine = dict(zip(run.names, run.shapes))
+    mine.update((n, list(p.shape)) for n, p in run.loose)
+    missing = [n for n in mine if n not in saved]
+    if layout.get("frozen_excluded"):  # frozen parameters were left out on purpose
+        frozen = set(n for n, t in zip(run.names, run.trainable) if not t)
+        frozen |= {n for n, p in run.loose if not p.requires_grad}
+        missing = [n for n in missing if n not in frozen]
+    unexpected = [n for n in saved if n not in mine]
+    wrong = [f"{n} (checkpoint {saved[n]}, model {mine[n]})" for n in mine
+             if n in saved and list(saved[n]) != list(mine[n])]
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint: {', '.join(missing[:8])}")
+    if unexpected:
+        problems.append(f"not in the model: {', '.join(unexpected[:8])}")
+    if wrong:
+        problems.append(f"shapes differ: {', '.join(wrong[:8])}")
+    if problems and strict:
+        raise ValueError("load_checkpoint: the model's parameters and the checkpoint's differ; "
+                         + "; ".join(problems) + " (load_module_strict=False loads the rest)")
+    if problems:
+        log_rank0("warning: load_checkpoint (load_module_strict=False) skips " + "; ".join(problems), run.rank)
+    return set(missing) | {n for n in mine if n in saved and list(saved[n]) != list(mine[n])}
+
+
+def _source_of(source, kind, name, model_dtype):
+    """Which stored tensor fills `kind` of parameter `name`."""
+    master, param = f"master/{name}", f"param/{name}"
+    if kind == "param":  # an fp32 model takes the fp32 masters where a 16-bit run saved them
+        return master if model_dtype == torch.float32 and source.has(master) else param
+    if kind == "master":
+        return master if source.has(master) else param
+    return tensor_name(kind, name)
+
+
+def _load_weights(run, source, skip, load_states):
+    has_states = any(source.has(tensor_name(k, n)) for k in run.core.state_names for n in run.names[:1])
+    for kind, index, begin, values, _ in run.core.shard_entries(load_states and has_states):
+        name = run.names[index]
+        if name in skip:
+            continue
+        src = _source_of(source, kind, name, run.dtype)
+        if kind not in ("param", "master") and not load_states:
+            continue
+        if not source.has(src):
+            if kind == "param" and not run.trainable[index]:
+                continue  # a frozen parameter left out of the checkpoint (exclude_frozen_parameters)
+            raise ValueError(f"load_checkpoint: the checkpoint has no {src!r}: it was saved with the "
+                             f"{source.section('layout')['optimizer']['type']} optimizer, this run uses "
+                             f"{run.core.optimizer_type} (pass load_optimizer_states=False to load the "
+                             "weights only)")
+        with torch.no_grad():
+            source.read(src, begin, values)
+    with torch.no_grad():
+        for name, p in run.loose:
+            if name not in skip and source.has(f"param/{name}"):
+                source.read(f"param/{name}", 0, p.data)
+        for name, b in run.buffers:
+            if source.has(f"buffer/{name}"):
+                source.read(f"buffer/{name}", 0, b)
+    run.core.after_load()
+
+
+def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_states):
+    saved = source.section("training_state")
+    current = run.core.state.state_dict()
+    if not load_optimizer_states:  # Adam's step counts and the loss scaler belong to the moments
+        saved = {**saved, "group_steps": current["group_steps"], "loss_scaler": current["loss_scaler"]}
+    run.core.state.load_state_dict(saved)
+    groups = source.section("param_groups")
+    if load_optimizer_states and groups is not None:
+        if len(groups) != len(engine.optimizer.param_groups):
+            raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this "
+                             f"run {len(engine.optimizer.param_groups)}")
+        for mine, theirs in zip(engine.optimizer.param_groups, groups):
+            for key, value in theirs.items():
+                if key in mine:
+                    mine[key] = tuple(value) if isinstance(mine[key], tuple) else value
+    sched = source.section("lr_scheduler")
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and sched is not None:
+        engine.lr_scheduler.load_state_dict(sched)
+
+
+def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                    load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+    run = RunView.of(engine)
+    settings = engine._settings["checkpoint"]
+    if custom_load_fn is not None:
+        raise ValueError("load_checkpoint: custom_load_fn is not supported: zeroshard loads each rank's "
+                         "shard by range and never builds the whole state_dict it would be given; load "
+                         "the consolidated weights yourself (zeroshard.utils.zero_to_fp32) instead")
+    if settings["load_universal"]:
+        raise ValueError("checkpoint.load_universal: DeepSpeed universal checkpoints (ds_to_universal "
+                         "output) are not read; zeroshard checkpoints load at any world size and stage "
+                         "as they are, and DeepSpeed ZeRO checkpoints are read directly: set it false")
+    path, tag = _find(load_dir, tag, run.rank)
+    if path is None:
+        return None, None
+    t0 = time.perf_counter()
+    error = None
+    try:
+        source = open_source(path)
+        layout = source.section("layout")
+        skip = _check_names(run, layout, load_module_strict)
+        states = load_optimizer_states and not load_module_only
+        _load_weights(run, source, skip, states)
+        if not load_module_only:
+            _load_state(engine, run, source, states, load_lr_scheduler_states)
+        client = source.section("client_state") or {}
+        client = decode_client_state(client, source.read_whole)
+    except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
+        error = e
+    failed = failed_ranks(run, error is None, "load_checkpoint")
+    if failed:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"load_checkpoint: rank {failed[0]} failed reading {path} (see its error)")
+    if (layout["world_size"], layout["zero_stage"], layout["dtype"]) != (run.world, run.stage, run.dtype_name):
+        log_rank0(f"load_checkpoint: resharded a {source.kind} checkpoint saved at world "
+                  f"{layout['world_size']}, ZeRO stage {layout['zero_stage']}, {layout['dtype']} to world "
+                  f"{run.world}, stage {run.stage}, {run.dtype_name}", run.rank)
+    log_rank0(f"load_checkpoint: {path} loaded in {time.perf_counter() - t0:.2f} s", run.rank)
+    return os.path.join(os.fspath(load_dir), tag), client

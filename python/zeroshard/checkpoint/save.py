@@ -1,0 +1,135 @@
+"""engine.save_checkpoint: every rank writes its pieces into one temporary directory beside the
+target, rank 0 merges the ranks' manifests, and the directory is renamed into place only after
+every rank reported success (runtime/checkpoint/atomic_dir.h). A failure anywhere leaves the
+previous checkpoint and `latest` as they were, and every rank raises an error naming the rank."""
+import json
+import os
+import time
+
+
+import zeroshard
+from zeroshard import _C
+from zeroshard.checkpoint.collective import broadcast_text, failed_ranks, same_on_every_rank
+from zeroshard.checkpoint.layout import RunView, encode_client_state, layout_section, rank_items
+from zeroshard.log import log_rank0
+
+CK = _C.checkpoint
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank{rank:05d}.safetensors"
+
+
+def _partial_manifest(rank: int) -> str:
+    return f"rank{rank:05d}.manifest.json"
+
+
+def _raise_if_failed(run, ok, error, what, staged=None):
+    failed = failed_ranks(run, ok, what)
+    if not failed:
+        return
+    if staged is not None and run.rank == 0:
+        staged.abort()  # now, not whenever the traceback lets the handle go
+    if error is not None:
+        raise error
+    raise RuntimeError(f"{what}: rank {failed[0]} failed (see its error); nothing was committed, "
+                       "the previous checkpoint and 'latest' are unchanged")
+
+
+def _check_tag(run, tag, validation):
+    if validation == "Ignore" or same_on_every_rank(run, tag, "save_checkpoint: tag check"):
+        return
+    message = (f"save_checkpoint: the ranks passed different tags (rank {run.rank}: {tag!r}); "
+               "checkpoint.tag_validation is " + validation)
+    if validation == "Fail":
+        raise ValueError(message + ": pass the same tag on every rank")
+    log_rank0("warning: " + message, run.rank)
+
+
+def _sections(engine, run, client_json, exclude_frozen):
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
+    scheduler = engine.lr_scheduler
+    sched_state = scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None
+    return {
+        "layout": layout_section(run, exclude_frozen),
+        "training_state": run.core.state.state_dict(),
+        "param_groups": groups,
+        "lr_scheduler": sched_state,
+        "client_state": client_json,
+        "config": engine.resolved_config(),
+        "zeroshard": {"version": zeroshard.__version__},
+    }
+
+
+def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True,
+                    exclude_frozen_parameters=False):
+    run = RunView.of(engine)
+    settings = engine._settings["checkpoint"]
+    if settings["use_node_local_storage"] and int(os.environ.get("LOCAL_SIZE", run.world)) != run.world:
+        raise ValueError("checkpoint.use_node_local_storage: true needs every rank on one node here: a "
+                         "zeroshard checkpoint is one directory every rank writes and reads (which is "
+                         "what lets it reshard); put save_dir on storage all nodes share, and set it false")
+    tag = f"global_step{run.core.state.global_steps}" if tag is None else str(tag)
+    CK.validate_tag(tag)
+    _check_tag(run, tag, settings["tag_validation"])
+    save_dir = os.fspath(save_dir)
+    t0 = time.perf_counter()
+
+    # Phase 1: rank 0 makes the temporary directory; everyone checks client_state first.
+    staged, error = None, None
+    try:
+        client_json, client_tensors = encode_client_state({} if client_state is None else client_state)
+        sections = _sections(engine, run, client_json, exclude_frozen_parameters) if run.rank == 0 else None
+        if sections is not None:
+            json.dumps(sections, allow_nan=False)  # a scheduler or param_group value JSON cannot hold
+        if run.rank == 0:
+            staged = CK.StagedCheckpoint.create(save_dir, tag)
+    except (TypeError, ValueError) as e:
+        error = e
+    except Exception as e:  # noqa: BLE001 - reported to every rank below
+        error = e
+    _raise_if_failed(run, error is None, error, "save_checkpoint: preparing " + os.path.join(save_dir, tag),
+                     staged)
+    temp_name = broadcast_text(run, staged.temp_name if staged else "", "save_checkpoint: temporary directory")
+
+    # Phase 2: every rank writes its shard file and its part of the manifest.
+    try:
+        if staged is None:
+            staged = CK.StagedCheckpoint.attach(save_dir, tag, temp_name)
+        items = rank_items(run, exclude_frozen_parameters)
+        if run.rank == 0:
+            items += [(key, list(t.shape), 0, t.reshape(-1)) for key, t in client_tensors]
+        manifest = CK.write_shard_file(staged.file(_rank_file(run.rank)), items)
+        if run.rank != 0:
+            path = staged.file(_partial_manifest(run.rank))
+            with open(path + ".tmp", "w") as f:
+                f.write(manifest.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+            staged.release()
+    except Exception as e:  # noqa: BLE001
+        error = e
+    _raise_if_failed(run, error is None, error, "save_checkpoint: writing the shard files", staged)
+
+    # Phase 3: rank 0 merges, validates, writes manifest.json and renames the directory into place.
+    if run.rank == 0:
+        try:
+            for r in range(1, run.world):
+                path = staged.file(_partial_manifest(r))
+                with open(path) as f:
+                    manifest.merge(CK.Manifest.parse(f.read(), f"rank {r}'s manifest ({path})"))
+                os.remove(path)
+            for name, value in sections.items():
+                manifest.set_section(name, value)
+            manifest.validate_complete(os.path.join(save_dir, tag))
+            manifest.save(staged.file(CK.MANIFEST))
+            staged.commit(save_latest)
+        except Exception as e:  # noqa: BLE001
+            staged.abort()
+            error = e
+    _raise_if_failed(run, error is None, error, "save_checkpoint: committing " + os.path.join(save_dir, tag))
+    seconds = time.perf_counter() - t0
+    log_rank0(f"save_checkpoint: {os.path.join(save_dir, tag)} written by {run.world} rank(s) in "
+              f"{seconds:.2f} s", run.rank)
+    return True

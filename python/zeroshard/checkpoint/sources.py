@@ -1,0 +1,128 @@
+"""Where a load reads from: a zeroshard checkpoint directory (manifest + safetensors, read by range
+in C++) or a DeepSpeed ZeRO checkpoint directory (its .pt files, read with weights_only and an
+allow-list, checkpoint_import/deepspeed.py). Both answer has / shape / read(name, begin, out) for
+the names of layout.py and give the sections a load needs in zeroshard's form."""
+import os
+
+import torch
+
+from zeroshard import _C
+from zeroshard.checkpoint_import.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
+
+
+_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                 "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+                 "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64}
+
+
+class NativeSource:
+    kind = "zeroshard"
+
+    def __init__(self, path):
+        self.path = path
+        self.reader = _C.checkpoint.CheckpointReader(path)
+        manifest = self.reader.manifest
+        self._shapes = {name: shape for name, shape, _ in manifest.tensors()}
+        self._dtypes = {name: dtype for name, _, dtype in manifest.tensors()}
+        self._manifest = manifest
+
+    def has(self, name):
+        return name in self._shapes
+
+    def shape(self, name):
+        return self._shapes[name]
+
+    def read(self, name, begin, out):
+        self.reader.read(name, begin, out)
+
+    def section(self, name):
+        return self._manifest.section(name) if self._manifest.has_section(name) else None
+
+    def read_whole(self, name):
+        """A whole stored tensor in its own dtype, on the CPU (client_state's tensors)."""
+        out = torch.empty(self._shapes[name], dtype=_TORCH_DTYPES[self._dtypes[name]])
+        self.reader.read(name, 0, out)
+        return out
+
+
+class DeepSpeedSource:
+    """A DeepSpeed checkpoint in zeroshard's terms. Tensors are rebuilt whole (DeepSpeed's files
+    are per rank, not per range); the last one read is kept for the ranges that follow."""
+    kind = "DeepSpeed"
+
+    def __init__(self, path):
+        self.path = path
+        self.ds = DeepSpeedCheckpoint(path)
+        self._cached = (None, None)
+        self._sections = self.ds.sections()
+        self._names = set()
+        for n in self.ds.param_names:
+            self._names.add(f"param/{n}")
+            if n not in self.ds.frozen_names:
+                self._names.add(f"master/{n}")
+                self._names.update(f"optim/{s}/{n}" for s in self.ds.optimizer_state_names)
+        self._names.update(f"buffer/{n}" for n in getattr(self.ds, "buffer_names", []))
+
+    def has(self, name):
+        return name in self._names
+
+    def shape(self, name):
+        return list(self._full(name).shape)
+
+    def _full(self, name):
+        if self._cached[0] != name:
+            self._cached = (name, self.ds.tensor(name))
+        return self._cached[1]
+
+    def read(self, name, begin, out):
+        flat = self._full(name).reshape(-1)
+        out.view(-1).copy_(flat[begin:begin + out.numel()])
+
+    def section(self, name):
+        s = self._sections
+        ds = s["deepspeed"]
+        if name == "layout":
+            params = [{"name": n, "shape": list(self.ds.shape(n)), "trainable": n not in self.ds.frozen_names,
+                       "group": None} for n in self.ds.param_names]
+            return {"world_size": ds["world_size"], "zero_stage": ds["zero_stage"], "dtype": ds["dtype"],
+                    "params": params, "buffers": list(getattr(self.ds, "buffer_names", [])), "aliases": {},
+                    "frozen_excluded": False,
+                    "optimizer": {"type": s["optimizer"]["type"],
+                                  "state_names": list(self.ds.optimizer_state_names)}}
+        if name == "training_state":
+            return self._training_state()
+        if name == "param_groups":
+            return [{k: v for k, v in g.items() if k != "params"} for g in s["optimizer"]["param_groups"]]
+        if name in ("lr_scheduler", "client_state"):
+            return s[name]
+        return None
+
+    def _training_state(self):
+        s = self._sections
+        t, opt = s["training_state"], s["optimizer"]
+        scaler = s.get("loss_scaler") or {}
+        step = opt.get("step") or 0
+        return {"global_steps": t.get("global_steps", 0), "micro_steps": t.get("micro_steps", 0),
+                "global_samples": t.get("global_samples", 0), "skipped_steps": t.get("skipped_steps", 0),
+                "group_steps": [step] * max(1, len(opt["param_groups"])),
+                "loss_scaler": {"scale": float(scaler.get("scale") or 1.0),
+                                "steps_since_overflow": int(scaler.get("cur_iter", 0) or 0)
+                                - int(scaler.get("last_overflow_iter", -1) or -1) - 1
+                                if scaler.get("dynamic") else 0,
+                                "hysteresis_left": int(scaler.get("cur_hysteresis", 0) or 0)}}
+
+    def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
+        raise KeyError(name)
+
+
+def open_source(path):
+    """The checkpoint in directory `path`: zeroshard's (manifest.json) or DeepSpeed's (*.pt)."""
+    if os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)):
+        return NativeSource(path)
+    if is_deepspeed_checkpoint(path):
+        return DeepSpeedSource(path)
+    listing = ", ".join(sorted(os.listdir(path))[:8]) or "nothing"
+    raise FileNotFoundError(f"load_checkpoint: {path} is neither a zeroshard checkpoint (no "
+                            f"{_C.checkpoint.MANIFEST}) nor a DeepSpeed one (no *_model_states.pt); "
+                            f"it holds {listing}")
