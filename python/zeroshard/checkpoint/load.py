@@ -75,7 +75,8 @@ def _source_of(source, kind, name, model_dtype):
 
 
 def _load_weights(run, source, skip, load_states):
-    has_states = any(source.has(tensor_name(k, n)) for k in run.core.state_names for n in run.names[:1])
+    has_states = any(source.has(tensor_name(k, n)) for k in run.core.state_names
+                     for n, t in zip(run.names, run.trainable) if t)
     for kind, index, begin, values, _ in run.core.shard_entries(load_states and has_states):
         name = run.names[index]
         if name in skip:
