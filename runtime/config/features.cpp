@@ -33,6 +33,10 @@ void read_checkpoint(Block& top, Config& c) {
   c.checkpoint.use_node_local_storage = k.get_bool("use_node_local_storage", c.checkpoint.use_node_local_storage);
   Block pw = k.child("parallel_write");
   c.checkpoint.parallel_write_pipeline_stage = pw.get_bool("pipeline_stage", c.checkpoint.parallel_write_pipeline_stage);
+  if (c.checkpoint.parallel_write_pipeline_stage) {
+    top.ctx().note(pw.path_of("pipeline_stage") +
+                   ": true changes nothing here: every rank already writes its own shard file in parallel");
+  }
   pw.finish();
   k.finish();
 }

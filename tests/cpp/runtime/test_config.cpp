@@ -416,3 +416,14 @@ TEST_CASE("reporting-only and deprecated keys are accepted with one warning note
   Config old = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": true})", "x");
   CHECK(old.zero_optimization.stage == 1);
 }
+
+TEST_CASE("checkpoint block: the keys are read; parallel_write.pipeline_stage true says it changes nothing") {
+  Config c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "checkpoint": {"tag_validation": "fail",
+      "load_universal": false, "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true}}})", "x");
+  CHECK(c.checkpoint.tag_validation == "Fail");
+  CHECK(c.checkpoint.use_node_local_storage);
+  const std::vector<std::string> expected = {
+      "checkpoint.parallel_write.pipeline_stage: true changes nothing here: every rank already writes its own "
+      "shard file in parallel"};
+  CHECK(c.notes == expected);
+}
