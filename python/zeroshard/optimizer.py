@@ -86,8 +86,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                            "sharded step at the gradient accumulation boundary")
 
     def state_dict(self):
-        raise NotImplementedError("optimizer.state_dict: sharded optimizer checkpoints are not "
-                                  "implemented in zeroshard yet")
+        raise NotImplementedError("optimizer.state_dict: each rank holds only its shard of the "
+                                  "optimizer state; save and resume it with engine.save_checkpoint / "
+                                  "engine.load_checkpoint (any world size and stage), or read one "
+                                  "parameter's state with zeroshard.utils.safe_get_full_optimizer_state")
 
     def __repr__(self):
         return f"ZeroShardOptimizer(stage={self.core.strategy.stage}, groups={len(self.param_groups)})"
