@@ -3,6 +3,7 @@
 stages 1 and 3, fp32 and bf16, gives the model's full fp32 state_dict exactly; sharded output comes
 with Hugging Face's index; DeepSpeed's checkpoints consolidate too; bad input is named; and peak
 memory stays near the largest tensor on a model many times larger."""
+import atexit
 import functools
 import json
 import os
@@ -77,6 +78,7 @@ def _train_and_save(stage, precision, save_dir):
 def saved(stage, precision):
     """(save_dir, expected state_dict as numpy, the module's state_dict keys) for one scenario."""
     save_dir = tempfile.mkdtemp(prefix=f"consolidate_s{stage}_{precision}_")
+    atexit.register(shutil.rmtree, save_dir, True)
     want, keys = run_distributed(_train_and_save, 2, stage, precision, save_dir)[0]
     return save_dir, want, keys
 
