@@ -104,6 +104,8 @@ def layout_section(run: RunView, exclude_frozen: bool) -> dict:
               for n, s, t, g in zip(run.names, run.shapes, run.trainable, run.groups)]
     params += [{"name": n, "shape": list(p.shape), "trainable": p.requires_grad, "group": None}
                for n, p in run.loose]
+    order = {n: i for i, (n, _) in enumerate(run.module.named_parameters())}
+    params.sort(key=lambda p: order[p["name"]])  # the module's order, as its state_dict has it
     return {"world_size": run.world, "zero_stage": run.stage, "dtype": run.dtype_name,
             "params": params, "buffers": [n for n, _ in run.buffers], "aliases": run.aliases,
             "frozen_excluded": exclude_frozen,

@@ -10,7 +10,8 @@ from zeroshard import _C
 from zeroshard.checkpoint_import.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
 
 
-_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+# safetensors' dtype names (what manifest.json records) -> torch dtypes.
+TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                  "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
                  "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
                  "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64}
@@ -36,12 +37,15 @@ class NativeSource:
     def read(self, name, begin, out):
         self.reader.read(name, begin, out)
 
+    def dtype(self, name):
+        return TORCH_DTYPES[self._dtypes[name]]
+
     def section(self, name):
         return self._manifest.section(name) if self._manifest.has_section(name) else None
 
     def read_whole(self, name):
         """A whole stored tensor in its own dtype, on the CPU (client_state's tensors)."""
-        out = torch.empty(self._shapes[name], dtype=_TORCH_DTYPES[self._dtypes[name]])
+        out = torch.empty(self._shapes[name], dtype=TORCH_DTYPES[self._dtypes[name]])
         self.reader.read(name, 0, out)
         return out
 
@@ -70,6 +74,9 @@ class DeepSpeedSource:
     def shape(self, name):
         return list(self._full(name).shape)
 
+    def dtype(self, name):
+        return self._full(name).dtype
+
     def _full(self, name):
         if self._cached[0] != name:
             self._cached = (name, self.ds.tensor(name))
@@ -86,7 +93,8 @@ class DeepSpeedSource:
             params = [{"name": n, "shape": list(self.ds.shape(n)), "trainable": n not in self.ds.frozen_names,
                        "group": None} for n in self.ds.param_names]
             return {"world_size": ds["world_size"], "zero_stage": ds["zero_stage"], "dtype": ds["dtype"],
-                    "params": params, "buffers": list(getattr(self.ds, "buffer_names", [])), "aliases": {},
+                    "params": params, "buffers": list(getattr(self.ds, "buffer_names", [])),
+                    "aliases": dict(self.ds.shared_params),
                     "frozen_excluded": False,
                     "optimizer": {"type": s["optimizer"]["type"],
                                   "state_names": list(self.ds.optimizer_state_names)}}

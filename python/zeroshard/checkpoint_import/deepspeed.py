@@ -284,6 +284,7 @@ class DeepSpeedCheckpoint:
         self.param_names = [n for n in module if n in owned] + [n for n in owned if n not in module]
         self.frozen_names = set(self._frozen)
         self.buffer_names = [n for n in model0["buffer_names"] if n in module]
+        self.shared_params = dict(self._shared)  # tied name -> the parameter it shares
         trainable = next(iter(self._slots), None)
         module_dtype = module[trainable].dtype if trainable in module else torch.float32
         if module_dtype not in _DTYPE_NAMES:

@@ -16,18 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from zeroshard import _C
-from zeroshard.checkpoint.sources import open_source
+from zeroshard.checkpoint.sources import TORCH_DTYPES, open_source
 from zeroshard.checkpoint_import.deepspeed import is_deepspeed_checkpoint
 
 CK = _C.checkpoint
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# torch dtype <-> the safetensors header's name for it (also what manifest.json records).
-_ST_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-             torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-             torch.complex64: "C64"}
-_FROM_ST = {v: k for k, v in _ST_NAMES.items()}
+# torch dtype -> the safetensors header's name for it
+_ST_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -106,19 +102,8 @@ class Consolidated:
             raise ValueError(f"{self.path}: its manifest has no 'layout' section (written by a zeroshard older "
                              "than checkpoints, or not by zeroshard)")
         self.dtype = DTYPES[dtype]
-        self._stored_dtypes = None  # key -> dtype, from the manifest, once a buffer asks
         self._buffers = {}  # dtype -> flat tensor reused by read(reuse=True)
         self.entries = self._plan(layout, exclude_frozen_parameters)
-
-    def _stored_dtype(self, key):
-        # Only buffers ask (parameters are fp32 masters or the layout's dtype); the sources do not
-        # say a stored dtype, so a zeroshard manifest is asked directly.
-        manifest = getattr(getattr(self.source, "reader", None), "manifest", None)
-        if manifest is not None:
-            if self._stored_dtypes is None:
-                self._stored_dtypes = {n: _FROM_ST[d] for n, _, d in manifest.tensors()}
-            return self._stored_dtypes[key]
-        return self.source.ds.tensor(key).dtype  # a DeepSpeed buffer: small, read whole
 
     def _entry(self, name, key, shape, stored_dtype):
         out = self.dtype if stored_dtype.is_floating_point else stored_dtype
@@ -147,7 +132,7 @@ class Consolidated:
             key = f"buffer/{name}"
             if not self.source.has(key):
                 raise ValueError(f"{self.path}: buffer {name!r} is in the layout but {key!r} is not stored")
-            entries.append(self._entry(name, key, self.source.shape(key), self._stored_dtype(key)))
+            entries.append(self._entry(name, key, self.source.shape(key), self.source.dtype(key)))
             by_name[name] = entries[-1]
         for tied, name in layout.get("aliases", {}).items():
             if name in by_name:  # left out with it when it is frozen and excluded
