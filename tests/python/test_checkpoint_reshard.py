@@ -1,0 +1,325 @@
+"""A checkpoint loads at any world size, ZeRO stage and precision (zeroshard/checkpoint/load.py):
+the reshard matrix of issue 18 against the single-process torch.optim reference (the numerics
+contract, fp32: 1e-5 relative per tensor), 16-bit <-> fp32 through the fp32 masters, and the
+DeepSpeed ZeRO checkpoints in tests/fixtures/deepspeed loaded by engine.load_checkpoint."""
+import copy
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoint_workers as W
+from harness import run_distributed
+from models import global_batch, tiny_gpt
+
+GLOBAL_BATCH = 12  # the same global batch at every world size: micro = 12 / world
+SAVE_AT, END = 3, 6
+TOL = 1e-5
+# Adam's moments are not in the contract: they are sums of gradients (and squares) whose fp32
+# summation order differs with the world size, about 1e-6 relative per step, squared in exp_avg_sq.
+MOMENT_TOL = 1e-4
+
+
+# ----- the reshard matrix -----------------------------------------------------------------------------
+
+def _cfg(world, stage, precision="fp32"):
+    return W.config(stage, precision, micro=GLOBAL_BATCH // world, train_batch=GLOBAL_BATCH)
+
+
+def save_worker(root, runs):
+    """runs: [(name, stage, precision)]; each trains SAVE_AT steps and saves to root/name."""
+    world = W.rank_and_world()[1]
+    out = {}
+    for name, stage, precision in runs:
+        engine = W.build("gpt", _cfg(world, stage, precision))
+        losses = W.train(engine, "gpt", 0, SAVE_AT)
+        engine.save_checkpoint(os.path.join(root, name), tag="ck", client_state={"run": name})
+        out[name] = {"losses": losses, "snap": W.snapshot(engine)}
+    return out
+
+
+def load_worker(root, loads):
+    """loads: [(checkpoint name, stage, precision, continue training)]."""
+    world = W.rank_and_world()[1]
+    out = []
+    for name, stage, precision, cont in loads:
+        engine = W.build("gpt", _cfg(world, stage, precision))
+        path, client = engine.load_checkpoint(os.path.join(root, name))
+        result = {"path": path, "client": client, "loaded": W.snapshot(engine)}
+        if cont:
+            result["losses"] = W.train(engine, "gpt", SAVE_AT, END)
+            result["end"] = W.snapshot(engine, module_weights=False)
+        out.append(result)
+    return out
+
+
+def reference_run():
+    """torch.optim.AdamW on one process over the same global batches: losses, and parameters and
+    moments by name after SAVE_AT and END steps."""
+    torch.manual_seed(0)
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=W.LR, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
+    names = [n for n, _ in model.named_parameters()]
+    losses, states = [], {}
+    for step in range(END):
+        opt.zero_grad()
+        loss = model(global_batch("gpt", step, GLOBAL_BATCH))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step + 1 in (SAVE_AT, END):
+            params = dict(model.named_parameters())
+            states[step + 1] = {
+                "fp32": {n: params[n].detach().numpy().copy() for n in names},
+                "exp_avg": {n: opt.state[params[n]]["exp_avg"].numpy().copy() for n in names},
+                "exp_avg_sq": {n: opt.state[params[n]]["exp_avg_sq"].numpy().copy() for n in names},
+            }
+    return losses, states
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run()
+
+
+def _close(got, want, what, tol=TOL):
+    err = float(np.abs(got.reshape(want.shape) - want).max())
+    scale = float(np.abs(want).max())
+    assert err <= tol * scale, f"{what}: differs by {err:.3e} (scale {scale:.3e})"
+
+
+def _assert_matches_reference(snap, ref, what):
+    for i, name in enumerate(snap["names"]):
+        _close(snap["fp32"][i], ref["fp32"][name], f"{what}: fp32 {name}")
+        for s in ("exp_avg", "exp_avg_sq"):
+            _close(snap["states"][s][i], ref[s][name], f"{what}: {s} of {name}", MOMENT_TOL)
+
+
+def _assert_bit_equal(got, want, what, kinds=("fp32", "exp_avg", "exp_avg_sq")):
+    assert got["names"] == want["names"]
+    for i, name in enumerate(want["names"]):
+        for kind in kinds:
+            a = got["fp32"][i] if kind == "fp32" else got["states"][kind][i]
+            b = want["fp32"][i] if kind == "fp32" else want["states"][kind][i]
+            assert W.equal_arrays([a], [b]), f"{what}: {kind} of {name} is not the saved value"
+
+
+def _reshard_lines(out):
+    return [line for line in out.splitlines() if "load_checkpoint: resharded" in line]
+
+
+def test_reshard_matrix(tmp_path, capfd, reference):
+    ref_losses, ref_states = reference
+    root = str(tmp_path)
+    saved = {}
+    for world, runs in ((2, [("w2s3", 3, "fp32"), ("w2s2-bf16", 2, "bf16")]), (4, [("w4s1", 1, "fp32")])):
+        for rank, r in enumerate(run_distributed(save_worker, world, root, runs, timeout=240)):
+            for name, value in r.items():
+                saved.setdefault(name, []).append(value)
+    capfd.readouterr()
+    # What was saved is the reference's state after SAVE_AT steps (so a load is checked against it).
+    for name in ("w2s3", "w4s1"):
+        for rank, s in enumerate(saved[name]):
+            _assert_matches_reference(s["snap"], ref_states[SAVE_AT], f"{name} rank {rank} at save")
+    w2s3 = saved["w2s3"][0]["snap"]
+
+    # (checkpoint, world, stage): the matrix of issue 18, each trained on after the load.
+    matrix = [("w2s3", 1, 0), ("w2s3", 3, 1), ("w2s3", 4, 2), ("w4s1", 2, 3)]
+    for name, world, stage in matrix:
+        results = run_distributed(load_worker, world, root, [(name, stage, "fp32", True)], timeout=240)
+        saved_world, saved_stage = int(name[1]), int(name[3])
+        lines = _reshard_lines(capfd.readouterr().out)
+        assert lines == [f"[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world "
+                         f"{saved_world}, ZeRO stage {saved_stage}, fp32 to world {world}, stage {stage}, fp32"], \
+            f"{name} -> world {world} stage {stage}: the reshard notice, once from rank 0: {lines}"
+        what = f"{name} -> world {world} stage {stage}"
+        for rank, r in enumerate(results):
+            (r,) = r
+            assert r["path"] == os.path.join(root, name, "ck") and r["client"] == {"run": name}
+            # Every element moved to its new owner unchanged, then training continues as the reference.
+            _assert_bit_equal(r["loaded"], saved[name][0]["snap"], f"{what} rank {rank}, after load")
+            assert (r["loaded"]["global_steps"], r["loaded"]["global_samples"], r["loaded"]["group_steps"]) == \
+                (SAVE_AT, SAVE_AT * GLOBAL_BATCH, [SAVE_AT]), what
+            _assert_matches_reference(r["end"], ref_states[END], f"{what} rank {rank}, {END} steps")
+        losses = np.mean([r[0]["losses"] for r in results], axis=0)
+        for step, (got, want) in enumerate(zip(losses, ref_losses[SAVE_AT:]), SAVE_AT):
+            assert abs(got - want) <= TOL * abs(want), f"{what}: step {step} loss {got!r} vs reference {want!r}"
+
+    # 16-bit <-> fp32: the fp32 side is always the fp32 masters, bit for bit.
+    results = run_distributed(load_worker, 3, root, [("w2s2-bf16", 1, "fp32", False), ("w2s3", 2, "bf16", False)])
+    lines = _reshard_lines(capfd.readouterr().out)
+    assert lines == [
+        "[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world 2, ZeRO stage 2, bf16 "
+        "to world 3, stage 1, fp32",
+        "[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world 2, ZeRO stage 3, fp32 "
+        "to world 3, stage 2, bf16"], lines
+    bf16_saved = saved["w2s2-bf16"][0]["snap"]
+    for rank, (to_fp32, to_bf16) in enumerate(results):
+        what = f"rank {rank}: bf16 (world 2, stage 2) -> fp32 (world 3, stage 1)"
+        _assert_bit_equal(to_fp32["loaded"], bf16_saved, what)
+        # The fp32 model's weights are the masters, not the bf16 copies rounded.
+        for i, name in enumerate(bf16_saved["names"]):
+            assert W.equal_arrays([to_fp32["loaded"]["module"][name]], [bf16_saved["fp32"][i]]), \
+                f"{what}: the fp32 model's {name} is not the saved fp32 master"
+        what = f"rank {rank}: fp32 (world 2, stage 3) -> bf16 (world 3, stage 2)"
+        _assert_bit_equal(to_bf16["loaded"], w2s3, what)
+        for i, name in enumerate(w2s3["names"]):
+            want = torch.from_numpy(w2s3["fp32"][i]).to(torch.bfloat16).float().numpy()
+            assert W.equal_arrays([to_bf16["loaded"]["module"][name]], [want]), \
+                f"{what}: the bf16 model's {name} is not the saved fp32 value rounded to bf16"
+
+
+# ----- DeepSpeed ZeRO checkpoints, loaded by engine.load_checkpoint ----------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "deepspeed")
+DS_LR, DS_BETAS = 1e-2, (0.9, 0.99)
+
+
+class TinyModel(torch.nn.Module):
+    """tests/fixtures/deepspeed/make_fixture.py's model, parameter for parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 12)
+        self.norm = torch.nn.LayerNorm(12)
+        self.fc1 = torch.nn.Linear(12, 25)
+        self.fc2 = torch.nn.Linear(25, 7)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 7), requires_grad=False)
+        self.register_buffer("shift", torch.arange(7.0) / 100)
+
+    def forward(self, tokens):
+        x = self.norm(self.embed(tokens))
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))) * self.scale + self.shift
+
+
+def _ds_groups(model):
+    """make_fixture.py's two groups: weight decay on matrices, none on the rest."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def _ds_batch(world):
+    g = torch.Generator().manual_seed(7)
+    return torch.randint(0, 50, (4 * world, 6), generator=g), torch.randn(4 * world, 6, 7, generator=g)
+
+
+# fixture -> the zeroshard stage it is loaded at, at world 1 and at world 2 (saved at world 2)
+DS_LOADS = {
+    1: {"zero1_fp32": 0, "zero2_fp32": 3, "zero3_fp32": 1, "zero3_bf16": 2},
+    2: {"zero1_fp32": 3, "zero2_fp32": 1, "zero3_fp32": 2, "zero3_bf16": 0, "zero1_bf16": 3},
+}
+
+
+def ds_import_worker(loads):
+    import zeroshard
+    rank, world = W.rank_and_world()
+    out = {}
+    for case, stage in loads.items():
+        try:
+            torch.manual_seed(123)  # weights unlike the checkpoint's, so a missed load shows
+            model = TinyModel()
+            optimizer = torch.optim.AdamW(_ds_groups(model), lr=DS_LR, betas=DS_BETAS, eps=1e-8)
+            cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage},
+                   "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": DS_LR,
+                                                                "warmup_num_steps": 5}},
+                   "steps_per_print": 1000}
+            if stage == 3:
+                cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+            if case.endswith("bf16"):
+                cfg["bf16"] = {"enabled": True}
+            engine, _, _, scheduler = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
+            path, client = engine.load_checkpoint(os.path.join(FIXTURES, case), tag="step3")
+            r = {"path": path, "client": client, "snap": W.snapshot(engine),
+                 "scheduler": scheduler.state_dict(),
+                 "groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]}
+            # One more step on a known global batch: Adam continues from step 3's moments and count.
+            tokens, target = _ds_batch(world)
+            mine = slice(4 * rank, 4 * rank + 4)
+            loss = torch.nn.functional.mse_loss(engine(tokens[mine]).float(), target[mine])
+            engine.backward(loss)
+            engine.step()
+            r["after_step"] = W.snapshot(engine, module_weights=False)
+            out[case] = r
+        except Exception:  # noqa: BLE001 - the case's test reports it
+            import traceback
+            out[case] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ds_loaded():
+    results = {}
+    for world, loads in DS_LOADS.items():
+        for rank, r in enumerate(run_distributed(ds_import_worker, world, loads, timeout=240)):
+            for case, value in r.items():
+                results.setdefault((world, case), []).append(value)
+    return results
+
+
+def _reference_step(expected, info, world):
+    """torch.optim.AdamW continuing from DeepSpeed's state (masters, moments, step 3) one step on
+    _ds_batch: the fp32 weights after it, by name."""
+    model = TinyModel()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(expected[f"master/{name}"] if p.requires_grad else expected[f"param/{name}"].float())
+        model.shift.copy_(expected["buffer/shift"].float())
+    params = dict(model.named_parameters())
+    groups = [{"params": [params[n] for n in g["params"]], "weight_decay": g["weight_decay"], "lr": g["lr"]}
+              for g in info["param_groups"]]
+    opt = torch.optim.AdamW(groups, lr=DS_LR, betas=DS_BETAS, eps=1e-8)
+    for name, p in params.items():
+        if p.requires_grad:
+            opt.state[p] = {"step": torch.tensor(float(info["optimizer_step"])),
+                            "exp_avg": expected[f"optim/exp_avg/{name}"].clone(),
+                            "exp_avg_sq": expected[f"optim/exp_avg_sq/{name}"].clone()}
+    tokens, target = _ds_batch(world)
+    torch.nn.functional.mse_loss(model(tokens), target).backward()
+    opt.step()
+    return {n: p.detach().numpy() for n, p in params.items()}
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w, loads in DS_LOADS.items() for c in loads])
+def test_load_deepspeed_checkpoint(world, case, ds_loaded):
+    from safetensors.torch import load_file
+    expected = load_file(os.path.join(FIXTURES, case, "expected.safetensors"))
+    with open(os.path.join(FIXTURES, case, "expected.json")) as f:
+        info = json.load(f)
+    stage = DS_LOADS[world][case]
+    what = f"{case} loaded at world {world}, stage {stage}"
+    for rank, r in enumerate(ds_loaded[(world, case)]):
+        assert "error" not in r, f"{what}, rank {rank}: {r.get('error')}"
+        snap = r["snap"]
+        assert r["path"] == os.path.join(FIXTURES, case, "step3")
+        assert r["client"] == info["client_state"], what
+        for key in ("global_steps", "global_samples", "skipped_steps"):
+            assert snap[key] == info[key], f"{what}: {key} {snap[key]} != DeepSpeed's {info[key]}"
+        assert snap["group_steps"] == [info["optimizer_step"]] * 2, f"{what}: Adam's step counts {snap['group_steps']}"
+        assert snap["loss_scale"] == 1.0
+        assert r["scheduler"] == info["lr_scheduler"], what
+        assert snap["lr"] == [g["lr"] for g in info["param_groups"]], what
+        assert [g["weight_decay"] for g in r["groups"]] == [0.1, 0.0]
+        for i, name in enumerate(snap["names"]):
+            assert np.array_equal(snap["fp32"][i], expected[f"master/{name}"].numpy()), f"{what}: master {name}"
+            for s in ("exp_avg", "exp_avg_sq"):
+                assert np.array_equal(snap["states"][s][i], expected[f"optim/{s}/{name}"].numpy()), \
+                    f"{what}: {s} of {name}"
+        # The module: its weights (16-bit ones as DeepSpeed had them), the frozen scale and the buffer.
+        dtype = torch.bfloat16 if info["dtype"] == "bf16" else torch.float32
+        for key, got in snap["module"].items():
+            name = key if key == "shift" else key
+            want = expected[f"buffer/{key}"] if key == "shift" else expected[f"param/{name}"]
+            assert np.array_equal(got, want.to(dtype).float().numpy()), f"{what}: module {key}"
+        # One step on from there is torch.optim's next step (fp32: the numerics contract).
+        if info["dtype"] == "fp32":
+            ref = _reference_step(expected, info, world)
+            after = r["after_step"]
+            for i, name in enumerate(after["names"]):
+                want = ref[name]
+                err = float(np.abs(after["fp32"][i].reshape(want.shape) - want).max())
+                assert err <= TOL * float(np.abs(want).max()), f"{what}: {name} one step after the load: {err:.3e}"
