@@ -282,13 +282,9 @@ def _free_bytes(path):
 
 
 def _fill_to(fs_dir, free_bytes):
-    """Grows fs_dir/filler until the filesystem has exactly `free_bytes` free."""
-    filler = os.path.join(fs_dir, "filler")
-    size = os.path.getsize(filler) if os.path.exists(filler) else 0
-    size += _free_bytes(fs_dir) - free_bytes
-    with open(filler, "ab") as f:
-        os.truncate(f.fileno(), 0)
-        os.posix_fallocate(f.fileno(), 0, size)
+    """Leaves exactly `free_bytes` free on fs_dir's filesystem, by a file fs_dir/filler."""
+    with open(os.path.join(fs_dir, "filler"), "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, _free_bytes(fs_dir) - free_bytes)
     assert _free_bytes(fs_dir) == free_bytes, (_free_bytes(fs_dir), free_bytes)
 
 
