@@ -51,8 +51,11 @@ def client_scheduler(kind):
 
 
 def build(model_name, cfg, scheduler_kind=None):
+    return build_module(MODELS[model_name](), cfg, scheduler_kind)
+
+
+def build_module(model, cfg, scheduler_kind=None):
     import zeroshard
-    model = MODELS[model_name]()
     engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=cfg,
                                            lr_scheduler=client_scheduler(scheduler_kind))
     return engine

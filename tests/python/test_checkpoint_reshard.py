@@ -2,10 +2,9 @@
 the reshard matrix of issue 18 against the single-process torch.optim reference (the numerics
 contract, fp32: 1e-5 relative per tensor), 16-bit <-> fp32 through the fp32 masters, and the
 DeepSpeed ZeRO checkpoints in tests/fixtures/deepspeed loaded by engine.load_checkpoint."""
-import copy
 import json
 import os
-import re
+import shutil
 
 import numpy as np
 import pytest
@@ -42,13 +41,19 @@ def save_worker(root, runs):
 
 
 def load_worker(root, loads):
-    """loads: [(checkpoint name, stage, precision, continue training)]."""
+    """loads: [(checkpoint name, stage, precision, continue training)]; a failed load is returned as
+    its error (load errors reach every rank together), and the next one goes on."""
     world = W.rank_and_world()[1]
     out = []
     for name, stage, precision, cont in loads:
         engine = W.build("gpt", _cfg(world, stage, precision))
-        path, client = engine.load_checkpoint(os.path.join(root, name))
-        result = {"path": path, "client": client, "loaded": W.snapshot(engine)}
+        scale_before = engine.get_loss_scale()
+        try:
+            path, client = engine.load_checkpoint(os.path.join(root, name))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            out.append({"error": f"{type(e).__name__}: {e}"})
+            continue
+        result = {"path": path, "client": client, "loaded": W.snapshot(engine), "scale_before": scale_before}
         if cont:
             result["losses"] = W.train(engine, "gpt", SAVE_AT, END)
             result["end"] = W.snapshot(engine, module_weights=False)
@@ -111,33 +116,48 @@ def _reshard_lines(out):
     return [line for line in out.splitlines() if "load_checkpoint: resharded" in line]
 
 
-def test_reshard_matrix(tmp_path, capfd, reference):
-    ref_losses, ref_states = reference
-    root = str(tmp_path)
+# name -> (world, stage, precision) of the runs that save, SAVE_AT steps into training
+SAVES = {"w2s3": (2, 3, "fp32"), "w2s2-bf16": (2, 2, "bf16"), "w2s2-fp16": (2, 2, "fp16"), "w4s1": (4, 1, "fp32")}
+
+
+@pytest.fixture(scope="module")
+def saved_runs(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("reshard"))
     saved = {}
-    for world, runs in ((2, [("w2s3", 3, "fp32"), ("w2s2-bf16", 2, "bf16")]), (4, [("w4s1", 1, "fp32")])):
-        for rank, r in enumerate(run_distributed(save_worker, world, root, runs, timeout=240)):
+    for world in sorted({w for w, _, _ in SAVES.values()}):
+        runs = [(name, stage, precision) for name, (w, stage, precision) in SAVES.items() if w == world]
+        for r in run_distributed(save_worker, world, root, runs, timeout=240):
             for name, value in r.items():
                 saved.setdefault(name, []).append(value)
+    return root, saved
+
+
+def _notice(name, world, stage, precision):
+    saved_world, saved_stage, saved_precision = SAVES[name]
+    return (f"[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world {saved_world}, ZeRO "
+            f"stage {saved_stage}, {saved_precision} to world {world}, stage {stage}, {precision}")
+
+
+# (checkpoint, world, stage): the matrix of issue 18, each trained on after the load.
+MATRIX = [("w2s3", 1, 0), ("w2s3", 3, 1), ("w2s3", 4, 2), ("w4s1", 2, 3)]
+
+
+def test_reshard_matrix(saved_runs, capfd, reference):
+    ref_losses, ref_states = reference
+    root, saved = saved_runs
     capfd.readouterr()
     # What was saved is the reference's state after SAVE_AT steps (so a load is checked against it).
     for name in ("w2s3", "w4s1"):
         for rank, s in enumerate(saved[name]):
             _assert_matches_reference(s["snap"], ref_states[SAVE_AT], f"{name} rank {rank} at save")
-    w2s3 = saved["w2s3"][0]["snap"]
-
-    # (checkpoint, world, stage): the matrix of issue 18, each trained on after the load.
-    matrix = [("w2s3", 1, 0), ("w2s3", 3, 1), ("w2s3", 4, 2), ("w4s1", 2, 3)]
-    for name, world, stage in matrix:
+    for name, world, stage in MATRIX:
         results = run_distributed(load_worker, world, root, [(name, stage, "fp32", True)], timeout=240)
-        saved_world, saved_stage = int(name[1]), int(name[3])
-        lines = _reshard_lines(capfd.readouterr().out)
-        assert lines == [f"[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world "
-                         f"{saved_world}, ZeRO stage {saved_stage}, fp32 to world {world}, stage {stage}, fp32"], \
-            f"{name} -> world {world} stage {stage}: the reshard notice, once from rank 0: {lines}"
         what = f"{name} -> world {world} stage {stage}"
+        lines = _reshard_lines(capfd.readouterr().out)
+        assert lines == [_notice(name, world, stage, "fp32")], f"{what}: the reshard notice, once from rank 0: {lines}"
         for rank, r in enumerate(results):
             (r,) = r
+            assert "error" not in r, f"{what}, rank {rank}: {r.get('error')}"
             assert r["path"] == os.path.join(root, name, "ck") and r["client"] == {"run": name}
             # Every element moved to its new owner unchanged, then training continues as the reference.
             _assert_bit_equal(r["loaded"], saved[name][0]["snap"], f"{what} rank {rank}, after load")
@@ -148,28 +168,42 @@ def test_reshard_matrix(tmp_path, capfd, reference):
         for step, (got, want) in enumerate(zip(losses, ref_losses[SAVE_AT:]), SAVE_AT):
             assert abs(got - want) <= TOL * abs(want), f"{what}: step {step} loss {got!r} vs reference {want!r}"
 
-    # 16-bit <-> fp32: the fp32 side is always the fp32 masters, bit for bit.
-    results = run_distributed(load_worker, 3, root, [("w2s2-bf16", 1, "fp32", False), ("w2s3", 2, "bf16", False)])
+
+# (checkpoint, stage, precision) loaded at world 3: the fp32 side is always the fp32 masters.
+PRECISION_CHANGES = [("w2s2-bf16", 1, "fp32"), ("w2s3", 2, "bf16"), ("w2s2-fp16", 1, "fp32"), ("w2s2-fp16", 3, "bf16"),
+                     ("w2s3", 0, "fp16")]
+_TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def test_precision_changes_through_the_fp32_masters(saved_runs, capfd):
+    """16-bit -> fp32: the fp32 weights are the saved masters, not the 16-bit copies widened; fp32 ->
+    16-bit: the masters are the fp32 weights and the model's copy is them rounded. The loss scaler
+    belongs to fp16: a checkpoint of another precision leaves the run's own (initial) scale, and an
+    fp16 checkpoint's scale does not stop a run of another precision from loading."""
+    root, saved = saved_runs
+    capfd.readouterr()
+    results = run_distributed(load_worker, 3, root, [(n, s, p, False) for n, s, p in PRECISION_CHANGES])
     lines = _reshard_lines(capfd.readouterr().out)
-    assert lines == [
-        "[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world 2, ZeRO stage 2, bf16 "
-        "to world 3, stage 1, fp32",
-        "[zeroshard] load_checkpoint: resharded a zeroshard checkpoint saved at world 2, ZeRO stage 3, fp32 "
-        "to world 3, stage 2, bf16"], lines
-    bf16_saved = saved["w2s2-bf16"][0]["snap"]
-    for rank, (to_fp32, to_bf16) in enumerate(results):
-        what = f"rank {rank}: bf16 (world 2, stage 2) -> fp32 (world 3, stage 1)"
-        _assert_bit_equal(to_fp32["loaded"], bf16_saved, what)
-        # The fp32 model's weights are the masters, not the bf16 copies rounded.
-        for i, name in enumerate(bf16_saved["names"]):
-            assert W.equal_arrays([to_fp32["loaded"]["module"][name]], [bf16_saved["fp32"][i]]), \
-                f"{what}: the fp32 model's {name} is not the saved fp32 master"
-        what = f"rank {rank}: fp32 (world 2, stage 3) -> bf16 (world 3, stage 2)"
-        _assert_bit_equal(to_bf16["loaded"], w2s3, what)
-        for i, name in enumerate(w2s3["names"]):
-            want = torch.from_numpy(w2s3["fp32"][i]).to(torch.bfloat16).float().numpy()
-            assert W.equal_arrays([to_bf16["loaded"]["module"][name]], [want]), \
-                f"{what}: the bf16 model's {name} is not the saved fp32 value rounded to bf16"
+    problems = []
+    for rank, per_load in enumerate(results):
+        for (name, stage, precision), r in zip(PRECISION_CHANGES, per_load):
+            what = f"rank {rank}: {name} -> world 3, stage {stage}, {precision}"
+            if "error" in r:
+                problems.append(f"{what}: {r['error']}")
+                continue
+            want = saved[name][0]["snap"]
+            _assert_bit_equal(r["loaded"], want, what)
+            for i, pname in enumerate(want["names"]):
+                rounded = torch.from_numpy(want["fp32"][i]).to(_TORCH[precision]).float().numpy()
+                assert W.equal_arrays([r["loaded"]["module"][pname]], [rounded]), \
+                    f"{what}: the model's {pname} is not the saved fp32 master in {precision}"
+            if precision == "fp16" and SAVES[name][2] != "fp16":
+                if r["loaded"]["loss_scale"] != r["scale_before"]:
+                    problems.append(f"{what}: the loss scale became {r['loaded']['loss_scale']} (the {SAVES[name][2]} "
+                                    f"run's), not this fp16 run's own {r['scale_before']}")
+            if rank == 0 and _notice(name, 3, stage, precision) not in lines:
+                problems.append(f"{what}: no reshard notice")
+    assert not problems, "\n".join(problems)
 
 
 # ----- DeepSpeed ZeRO checkpoints, loaded by engine.load_checkpoint ----------------------------------
@@ -208,11 +242,13 @@ def _ds_batch(world):
     return torch.randint(0, 50, (4 * world, 6), generator=g), torch.randn(4 * world, 6, 7, generator=g)
 
 
-# fixture -> the zeroshard stage it is loaded at, at world 1 and at world 2 (saved at world 2)
+# fixture -> the zeroshard stage it is loaded at, at world 1 and at world 2 (saved at world 2); one
+# by its `latest` file (tag=None), the others by tag="step3"
 DS_LOADS = {
     1: {"zero1_fp32": 0, "zero2_fp32": 3, "zero3_fp32": 1, "zero3_bf16": 2},
     2: {"zero1_fp32": 3, "zero2_fp32": 1, "zero3_fp32": 2, "zero3_bf16": 0, "zero1_bf16": 3},
 }
+BY_LATEST = (2, "zero3_bf16")
 
 
 def ds_import_worker(loads):
@@ -233,7 +269,8 @@ def ds_import_worker(loads):
             if case.endswith("bf16"):
                 cfg["bf16"] = {"enabled": True}
             engine, _, _, scheduler = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
-            path, client = engine.load_checkpoint(os.path.join(FIXTURES, case), tag="step3")
+            tag = None if (world, case) == BY_LATEST else "step3"
+            path, client = engine.load_checkpoint(os.path.join(FIXTURES, case), tag=tag)
             r = {"path": path, "client": client, "snap": W.snapshot(engine),
                  "scheduler": scheduler.state_dict(),
                  "groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]}
@@ -323,3 +360,49 @@ def test_load_deepspeed_checkpoint(world, case, ds_loaded):
                 want = ref[name]
                 err = float(np.abs(after["fp32"][i].reshape(want.shape) - want).max())
                 assert err <= TOL * float(np.abs(want).max()), f"{what}: {name} one step after the load: {err:.3e}"
+
+
+def fp16_ds_worker(load_dir):
+    import zeroshard
+    torch.manual_seed(123)
+    model = TinyModel()
+    optimizer = torch.optim.AdamW(_ds_groups(model), lr=DS_LR, betas=DS_BETAS, eps=1e-8)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "steps_per_print": 1000,
+           "fp16": {"enabled": True, "initial_scale_power": 10, "hysteresis": 2, "loss_scale_window": 1000}}
+    engine, _, _, _ = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
+    engine.load_checkpoint(load_dir, tag="step3")
+    return {"scaler": engine._core.state.state_dict()["loss_scaler"], "snap": W.snapshot(engine)}
+
+
+def test_load_deepspeed_fp16_loss_scaler(tmp_path):
+    """An fp16 DeepSpeed checkpoint's DynamicLossScaler carries on: DeepSpeed doubles the scale when
+    (cur_iter - last_overflow_iter) % scale_window == 0 before cur_iter += 1, so the clean steps
+    since the last overflow are cur_iter - last_overflow_iter - 1. No fixture is fp16 (DeepSpeed's
+    CPU accelerator refuses it), so zero2_fp32 is re-saved as an fp16 run would have written it:
+    16-bit module, and a scaler whose last overflow was at iteration 0 (the first step's, as often)."""
+    from test_deepspeed_import import pickled_under_deepspeeds_names
+    from zeroshard.checkpoint_import.deepspeed import DynamicLossScaler, load_file
+    from safetensors.torch import load_file as load_safetensors
+    step3 = tmp_path / "step3"
+    shutil.copytree(os.path.join(FIXTURES, "zero2_fp32", "step3"), step3)
+    scaler = DynamicLossScaler()
+    # Overflow at iteration 0 took one hysteresis (2 -> 1) and kept the scale; iterations 1, 2 clean.
+    scaler.__dict__.update(cur_scale=65536.0, cur_iter=3, last_overflow_iter=0, scale_factor=2.0, scale_window=1000,
+                           min_scale=1.0, delayed_shift=2, cur_hysteresis=1, consecutive_hysteresis=False,
+                           raise_error_at_min_scale=True, dynamic=True, dtype=torch.float16)
+    with pickled_under_deepspeeds_names():
+        for name in ["mp_rank_00_model_states.pt"] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]:
+            victim = step3 / name
+            state = load_file(str(victim))
+            if "module" in state:
+                state["module"] = {k: v.half() if v.is_floating_point() else v for k, v in state["module"].items()}
+            else:
+                state["optimizer_state_dict"].update(loss_scaler=scaler, dynamic_loss_scale=True)
+            torch.save(state, f"{victim}.new")  # not in place: `state` maps the old file's pages
+            os.replace(f"{victim}.new", victim)
+    (r,) = run_distributed(fp16_ds_worker, 1, str(tmp_path))
+    assert r["scaler"] == {"scale": 65536.0, "steps_since_overflow": 2, "hysteresis_left": 1}, r["scaler"]
+    expected = load_safetensors(os.path.join(FIXTURES, "zero2_fp32", "expected.safetensors"))
+    for i, name in enumerate(r["snap"]["names"]):
+        assert np.array_equal(r["snap"]["fp32"][i], expected[f"master/{name}"].numpy()), name
+        assert np.array_equal(r["snap"]["module"][name], expected[f"param/{name}"].half().float().numpy()), name
