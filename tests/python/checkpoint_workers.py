@@ -85,7 +85,7 @@ def _np(t):
     return None if t is None else t.detach().float().cpu().numpy().copy()
 
 
-def snapshot(engine, states=("exp_avg", "exp_avg_sq"), module_weights=True):
+def snapshot(engine, module_weights=True):
     """Everything a resume must restore, as numpy and plain values. full_values.get is collective at
     stage 3, so every rank calls this at the same point."""
     core = engine._core
@@ -96,7 +96,7 @@ def snapshot(engine, states=("exp_avg", "exp_avg_sq"), module_weights=True):
         # The core's trainable parameters (stage 3's frozen ones follow them in `held`).
         "names": [names[id(p)] for p in held[:core.num_params]],
         "fp32": [_np(fv.get(i, "fp32_param")) for i in range(core.num_params)],
-        "states": {s: [_np(fv.get(i, s)) for i in range(core.num_params)] for s in states},
+        "states": {s: [_np(fv.get(i, s)) for i in range(core.num_params)] for s in core.state_names},
         "global_steps": engine.global_steps,
         "global_samples": engine.global_samples,
         "micro_steps": engine.micro_steps,

@@ -40,7 +40,11 @@ def plain(value):
 
 # ----- exact resume --------------------------------------------------------------------------------
 
-# id -> (world, stage, precision, gradient_accumulation_steps, config scheduler, client scheduler)
+SGD = {"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9}}
+LION = {"type": "Lion", "params": {"lr": 1e-4}}
+
+# id -> (world, stage, precision, gradient_accumulation_steps, config scheduler, client scheduler[,
+# optimizer]); AdamW unless named
 RESUME_CASES = {
     "s0-fp32": (2, 0, "fp32", 1, WARMUP, None),
     "s0-bf16": (2, 0, "bf16", 1, COSINE, None),
@@ -55,12 +59,15 @@ RESUME_CASES = {
     "s3-bf16-cosine": (2, 3, "bf16", 1, COSINE, None),
     "s3-fp16-LambdaLR": (2, 3, "fp16", 1, None, "LambdaLR"),
     "w3-s3-bf16": (3, 3, "bf16", 1, WARMUP, None),
+    "s2-fp32-SGD": (2, 2, "fp32", 1, WARMUP, None, SGD),
+    "s3-bf16-Lion": (2, 3, "bf16", 1, None, None, LION),
 }
 
 
 def _case_config(case):
-    world, stage, precision, gas, scheduler, client = RESUME_CASES[case]
-    return W.config(stage, precision, micro=2, gas=gas, scheduler=scheduler), client
+    world, stage, precision, gas, scheduler, client, *optimizer = RESUME_CASES[case]
+    extra = {"optimizer": optimizer[0]} if optimizer else None
+    return W.config(stage, precision, micro=2, gas=gas, scheduler=scheduler, extra=extra), client
 
 
 def first_half_worker(cases, root):
@@ -127,7 +134,7 @@ def _assert_same_state(got, want, what):
 @pytest.mark.parametrize("case", list(RESUME_CASES))
 def test_exact_resume(case, first_halves):
     root, results = first_halves
-    world, stage, precision, gas, _, _ = RESUME_CASES[case]
+    world, stage, precision, gas = RESUME_CASES[case][:4]
     for rank, r in enumerate(results[case]):
         assert "error" not in r, f"rank {rank}: {r.get('error')}"
     second = run_distributed(second_half_worker, world, case, root)
@@ -245,6 +252,10 @@ def bad_save_worker(root):
     out["client_object"] = _outcome(lambda: engine.save_checkpoint(
         args.save_dir, tag="bad", client_state={"epoch": 1, "extra": {"sampler": Sampler()}}))
     out["nolatest"] = _outcome(lambda: engine.save_checkpoint(args.save_dir, tag="nolatest", save_latest=False))
+    sgd = W.build("awkward", W.config(BAD_STAGE, extra={"optimizer": SGD}))
+    W.train(sgd, "awkward", 0, 1)
+    sgd.save_checkpoint(os.path.join(root, "sgd"))
+    out["sgd"] = W.snapshot(sgd)
     strict = W.build("awkward", W.config(BAD_STAGE, extra={"checkpoint": {"tag_validation": "Fail"}}))
     out["tag_fail"] = _outcome(lambda: strict.save_checkpoint(args.save_dir, tag=f"rank{rank}"))
     return out
@@ -257,8 +268,14 @@ def bad_load_worker(root, saved):
     cfg = W.config(2)
     out = {}
 
+    def unlike(model):
+        """The frozen layer moved off the saved values, so that a load that misses it shows."""
+        with torch.no_grad():
+            model.frozen.weight.add_(1.0)
+        return model
+
     def fresh():
-        return W.build("awkward", cfg)
+        return W.build_module(unlike(AwkwardMLP()), cfg)
 
     out["missing_dir"] = _outcome(lambda: fresh().load_checkpoint(os.path.join(root, "nowhere")))
     out["no_latest"] = _outcome(lambda: fresh().load_checkpoint(os.path.join(root, "empty")))
@@ -277,8 +294,8 @@ def bad_load_worker(root, saved):
 
     # Renamed and reshaped parameters: strict names them; not strict loads the rest and warns.
     renamed_cfg = W.config(2)
-    out["strict"] = _outcome(lambda: W.build_module(AwkwardRenamed(), renamed_cfg).load_checkpoint(ckpt))
-    engine = W.build_module(AwkwardRenamed(), renamed_cfg)
+    out["strict"] = _outcome(lambda: W.build_module(unlike(AwkwardRenamed()), renamed_cfg).load_checkpoint(ckpt))
+    engine = W.build_module(unlike(AwkwardRenamed()), renamed_cfg)
     before = W.module_state(engine)
     lines = _log_lines()
     out["not_strict"] = {"result": _outcome(lambda: engine.load_checkpoint(ckpt, load_module_strict=False)),
@@ -292,6 +309,16 @@ def bad_load_worker(root, saved):
         before = W.snapshot(engine)
         result = _outcome(lambda: engine.load_checkpoint(ckpt, **kwargs))
         out[key] = {"result": result, "before": before, "after": W.snapshot(engine)}
+
+    # A checkpoint of another optimizer, into a run that has not stepped yet (a resume).
+    engine = fresh()
+    before = W.snapshot(engine)
+    out["other_optimizer"] = {"result": _outcome(lambda: engine.load_checkpoint(os.path.join(root, "sgd"))),
+                              "before": before, "after": W.snapshot(engine)}
+    engine = fresh()
+    out["other_optimizer_weights"] = {
+        "result": _outcome(lambda: engine.load_checkpoint(os.path.join(root, "sgd"), load_optimizer_states=False)),
+        "after": W.snapshot(engine)}
 
     out["custom_load_fn"] = _outcome(lambda: fresh().load_checkpoint(ckpt, custom_load_fn=lambda *a, **k: None))
     universal = W.build("awkward", W.config(2, extra={"checkpoint": {"load_universal": True}}))
@@ -425,6 +452,22 @@ def test_load_optimizer_states_false_and_module_only(bad_inputs):
     assert loads["no_optimizer"]["after"]["global_steps"] == 4  # the run's counters come from the checkpoint
     assert loads["module_only"]["after"]["global_steps"] == 1  # load_module_only: only the module
     assert loads["module_only"]["result"][1][1] == {"step": 4}
+
+
+def test_checkpoint_of_another_optimizer(bad_inputs):
+    """An SGD checkpoint into an AdamW run: an error naming both (whether or not the run has
+    stepped), not Adam with SGD's lr and step count and no moments; the weights alone load."""
+    loads, sgd = bad_inputs["loads"], bad_inputs["saves"][0]["sgd"]
+    r = loads["other_optimizer"]
+    assert r["result"][0] == "ValueError", \
+        (f"loaded without an error: lr {r['before']['lr']} -> {r['after']['lr']}, Adam's step counts "
+         f"{r['before']['group_steps']} -> {r['after']['group_steps']}, exp_avg "
+         f"{'empty' if r['after']['states']['exp_avg'][0] is None else 'present'}")
+    message = r["result"][1]
+    assert "SGD" in message and "AdamW" in message and "load_optimizer_states=False" in message, message
+    r = loads["other_optimizer_weights"]
+    assert r["result"][0] == "ok", r["result"]
+    assert W.equal_arrays(r["after"]["fp32"], sgd["fp32"])
 
 
 def test_unsupported_load_options(bad_inputs):

@@ -259,6 +259,9 @@ def ds_import_worker(loads):
         try:
             torch.manual_seed(123)  # weights unlike the checkpoint's, so a missed load shows
             model = TinyModel()
+            with torch.no_grad():  # the frozen parameter and the buffer too
+                model.scale.mul_(2.0)
+                model.shift.add_(1.0)
             optimizer = torch.optim.AdamW(_ds_groups(model), lr=DS_LR, betas=DS_BETAS, eps=1e-8)
             cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage},
                    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": DS_LR,
@@ -348,9 +351,9 @@ def test_load_deepspeed_checkpoint(world, case, ds_loaded):
                     f"{what}: {s} of {name}"
         # The module: its weights (16-bit ones as DeepSpeed had them), the frozen scale and the buffer.
         dtype = torch.bfloat16 if info["dtype"] == "bf16" else torch.float32
+        assert sorted(snap["module"]) == sorted(info["param_names"] + info["buffer_names"])
         for key, got in snap["module"].items():
-            name = key if key == "shift" else key
-            want = expected[f"buffer/{key}"] if key == "shift" else expected[f"param/{name}"]
+            want = expected[f"buffer/{key}"] if key in info["buffer_names"] else expected[f"param/{key}"]
             assert np.array_equal(got, want.to(dtype).float().numpy()), f"{what}: module {key}"
         # One step on from there is torch.optim's next step (fp32: the numerics contract).
         if info["dtype"] == "fp32":
@@ -406,3 +409,43 @@ def test_load_deepspeed_fp16_loss_scaler(tmp_path):
     for i, name in enumerate(r["snap"]["names"]):
         assert np.array_equal(r["snap"]["fp32"][i], expected[f"master/{name}"].numpy()), name
         assert np.array_equal(r["snap"]["module"][name], expected[f"param/{name}"].half().float().numpy()), name
+
+
+# ----- buffers: one copy, rank 0's (as DeepSpeed saves the module's state_dict from rank 0) ----------
+
+class Normed(torch.nn.Module):
+    """BatchNorm without SyncBN: each rank's running statistics follow its own micro-batches."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(10, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+
+    def forward(self, batch):
+        return self.bn(self.fc(batch)).pow(2).mean()
+
+
+def buffers_save_worker(root):
+    engine = W.build_module(Normed(), W.config(1))
+    W.train(engine, "awkward", 0, 3)
+    engine.save_checkpoint(root)
+    return W.module_state(engine)
+
+
+def buffers_load_worker(root):
+    engine = W.build_module(Normed(), W.config(3))
+    engine.load_checkpoint(root)
+    return W.module_state(engine)
+
+
+def test_buffers_that_differ_across_ranks(tmp_path):
+    saved = run_distributed(buffers_save_worker, 2, str(tmp_path))
+    assert not np.array_equal(saved[0]["bn.running_mean"], saved[1]["bn.running_mean"])  # the premise
+    loaded = run_distributed(buffers_load_worker, 3, str(tmp_path))
+    for rank, got in enumerate(loaded):
+        for name in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+            assert np.array_equal(got[name], saved[0][name]), \
+                (f"rank {rank}: {name} is not rank 0's saved buffer (rank 1's: "
+                 f"{np.array_equal(got[name], saved[1][name])}): {got[name]} vs rank 0 {saved[0][name]}, "
+                 f"rank 1 {saved[1][name]}")
