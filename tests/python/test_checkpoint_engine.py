@@ -241,7 +241,7 @@ BAD_STAGE = 3  # the saving run: frozen parameters partitioned too
 def bad_save_worker(root):
     """World 2: DeepSpeed-style saves at steps 2 and 4, then saves that must fail and write nothing."""
     import argparse
-    rank, world = W.rank_and_world()
+    rank, _ = W.rank_and_world()
     args = argparse.Namespace(save_dir=os.path.join(root, "ckpt"))
     engine = W.build("awkward", W.config(BAD_STAGE))
     out = {}
@@ -258,6 +258,13 @@ def bad_save_worker(root):
     out["sgd"] = W.snapshot(sgd)
     strict = W.build("awkward", W.config(BAD_STAGE, extra={"checkpoint": {"tag_validation": "Fail"}}))
     out["tag_fail"] = _outcome(lambda: strict.save_checkpoint(args.save_dir, tag=f"rank{rank}"))
+    # Warn (the default) and Ignore: the save goes on, as in DeepSpeed, under one tag.
+    lines = _log_lines()
+    out["tag_warn"] = _outcome(lambda: engine.save_checkpoint(os.path.join(root, "warn"), tag=f"warn{rank}"))
+    out["tag_warn_log"] = [line for line in lines if "different tags" in line]
+    lenient = W.build("awkward", W.config(BAD_STAGE, extra={"checkpoint": {"tag_validation": "Ignore"}}))
+    W.train(lenient, "awkward", 0, 1)
+    out["tag_ignore"] = _outcome(lambda: lenient.save_checkpoint(os.path.join(root, "ignore"), tag=f"ign{rank}"))
     return out
 
 
@@ -310,6 +317,8 @@ def bad_load_worker(root, saved):
         result = _outcome(lambda: engine.load_checkpoint(ckpt, **kwargs))
         out[key] = {"result": result, "before": before, "after": W.snapshot(engine)}
 
+    out["tag_warn"] = _outcome(lambda: fresh().load_checkpoint(os.path.join(root, "warn")))
+
     # A checkpoint of another optimizer, into a run that has not stepped yet (a resume).
     engine = fresh()
     before = W.snapshot(engine)
@@ -350,9 +359,8 @@ def bad_inputs(tmp_path_factory):
     os.truncate(path, os.path.getsize(path) // 2)
     path = os.path.join(root, "corrupted", "step4", victim)
     data_start, header = _safetensors_header(path)
-    key = "optim/exp_avg/hidden.weight"
-    with open(path, "r+b") as f:
-        f.seek(data_start + header[key]["data_offsets"][0] + 5)
+    with open(path, "r+b") as f:  # one byte inside a tensor's data; the header stays valid
+        f.seek(data_start + header["optim/exp_avg/hidden.weight"]["data_offsets"][0] + 5)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x5A]))
@@ -364,8 +372,12 @@ def bad_inputs(tmp_path_factory):
         json.dump(manifest, f)
     os.remove(os.path.join(root, "missing_file", "step4", victim))
     loads = run_distributed(bad_load_worker, 1, root, saves[0])[0]
-    return {"root": root, "listing": listing, "saves": saves, "loads": loads, "corrupted_key": key,
-            "latest": open(os.path.join(ckpt, "latest")).read().strip()}
+    listings = {d: sorted(os.listdir(os.path.join(root, d))) if os.path.isdir(os.path.join(root, d)) else None
+                for d in ("warn", "ignore")}
+    with open(os.path.join(ckpt, "latest")) as f:
+        latest = f.read().strip()
+    return {"root": root, "listing": listing, "listings": listings, "saves": saves, "loads": loads,
+            "latest": latest}
 
 
 def test_failed_saves_write_nothing(bad_inputs):
@@ -381,6 +393,19 @@ def test_failed_saves_write_nothing(bad_inputs):
     # the one a crashed save left before these).
     assert bad_inputs["listing"] == ["latest", "nolatest", "step2", "step4"], bad_inputs["listing"]
     assert bad_inputs["latest"] == "step4"  # save_latest=False left it alone
+
+
+def test_ranks_passing_different_tags_under_warn_and_ignore(bad_inputs):
+    """checkpoint.tag_validation Warn (the default) warns and Ignore says nothing; either way the save
+    goes on (as DeepSpeed's does), under one tag on every rank: rank 0's."""
+    saves = bad_inputs["saves"]
+    for key in ("tag_warn", "tag_ignore"):
+        outcomes = [s[key] for s in saves]
+        assert all(o == ("ok", True) for o in outcomes), f"{key}: " + "; ".join(
+            f"rank {rank}: {kind}: {message}" for rank, (kind, message) in enumerate(outcomes))
+    assert len(saves[0]["tag_warn_log"]) == 1, saves[0]["tag_warn_log"]
+    assert bad_inputs["listings"] == {"warn": ["latest", "warn0"], "ignore": ["ign0", "latest"]}, bad_inputs["listings"]
+    assert bad_inputs["loads"]["tag_warn"][0] == "ok", bad_inputs["loads"]["tag_warn"]
 
 
 def test_missing_directory_and_tag(bad_inputs):
