@@ -1,7 +1,8 @@
 """A checkpoint loads at any world size, ZeRO stage and precision (zeroshard/checkpoint/load.py):
 the reshard matrix of issue 18 against the single-process torch.optim reference (the numerics
-contract, fp32: 1e-5 relative per tensor), 16-bit <-> fp32 through the fp32 masters, and the
-DeepSpeed ZeRO checkpoints in tests/fixtures/deepspeed loaded by engine.load_checkpoint."""
+contract, fp32: 1e-5 relative per tensor), 16-bit <-> fp32 through the fp32 masters (the loss
+scaler only between fp16 runs), buffers as rank 0 had them, and the DeepSpeed ZeRO checkpoints in
+tests/fixtures/deepspeed (and one re-saved as fp16) loaded by engine.load_checkpoint."""
 import json
 import os
 import shutil
