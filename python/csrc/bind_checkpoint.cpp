@@ -6,6 +6,7 @@
 
 #include "python/csrc/bindings.h"
 #include "runtime/checkpoint/atomic_dir.h"
+#include "runtime/checkpoint/file_io.h"
 #include "runtime/checkpoint/manifest.h"
 #include "runtime/checkpoint/shard_io.h"
 #include "runtime/error.h"
@@ -42,6 +43,8 @@ void bind_checkpoint(py::module_& parent) {
           return found->string();
         },
         py::arg("load_dir"), py::arg("tag"));
+  m.def("write_file_durably", [](const std::string& path, const std::string& text) { write_file_durably(path, text); },
+        py::arg("path"), py::arg("text"), "a new file, fsync'd; a full disk names the path and the bytes");
   m.attr("MANIFEST") = kManifestFileName;
   m.attr("FORMAT_VERSION") = kManifestFormatVersion;
 

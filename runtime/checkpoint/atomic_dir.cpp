@@ -175,6 +175,9 @@ void StagedCheckpoint::commit(bool save_latest) {
   ZS_REQUIRE(owns_, "checkpoint \"", tag_, "\": commit() after commit, release or abort");
   testing::reached("commit:begin");
   fsync_directory(temp_dir_);  // the entries of the files every rank wrote
+  // `latest` is written (not yet renamed) before anything moves, so a full disk there fails the
+  // save while the previous checkpoint and `latest` are still untouched.
+  if (save_latest) prepare_latest(save_dir_, tag_);
   const fs::path final_dir = save_dir_ / tag_;
   if (exists_at(final_dir)) {
     replace_existing(final_dir);
@@ -186,18 +189,25 @@ void StagedCheckpoint::commit(bool save_latest) {
   }
   if (save_latest) {
     testing::reached("commit:before_latest");
-    write_latest(save_dir_, tag_);
+    publish_latest(save_dir_);
   }
   testing::reached("commit:end");
 }
 
-void write_latest(const fs::path& save_dir, const std::string& tag) {
+void prepare_latest(const fs::path& save_dir, const std::string& tag) {
   validate_tag(tag);
-  const fs::path temp = save_dir / kLatestTmp;
-  write_file_durably(temp, tag);
+  write_file_durably(save_dir / kLatestTmp, tag);
   testing::reached("latest:after_write_tmp");
-  rename_or_throw(temp, save_dir / kLatest);
+}
+
+void publish_latest(const fs::path& save_dir) {
+  rename_or_throw(save_dir / kLatestTmp, save_dir / kLatest);
   fsync_directory(save_dir);
+}
+
+void write_latest(const fs::path& save_dir, const std::string& tag) {
+  prepare_latest(save_dir, tag);
+  publish_latest(save_dir);
 }
 
 std::optional<std::string> read_latest(const fs::path& load_dir) {

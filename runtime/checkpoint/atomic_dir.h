@@ -2,7 +2,8 @@
 // previous checkpoint and `latest` loadable. Files go into a temporary directory beside the
 // target, <save_dir>/.tmp-<tag>-<random>, each fsync'd when closed; commit() fsyncs that
 // directory and renames it onto <save_dir>/<tag>, then replaces <save_dir>/latest (the tag as
-// text, as DeepSpeed writes it) by write + fsync + rename. A tag that exists already is swapped
+// text, as DeepSpeed writes it) by write + fsync + rename (the write comes before the directory's
+// rename, so a disk too full for `latest` fails the save before anything is replaced). A tag that exists already is swapped
 // out with renameat2(RENAME_EXCHANGE); where the filesystem lacks it, the old copy is first
 // renamed to <save_dir>/.aside-<tag>, which find_checkpoint_dir() reads and the next save
 // restores or removes, so some complete copy of <tag> exists at every moment.
@@ -75,6 +76,10 @@ class StagedCheckpoint {
 
 // Replaces <save_dir>/latest with `tag`: latest.tmp written and fsync'd, renamed, save_dir fsync'd.
 void write_latest(const fs::path& save_dir, const std::string& tag);
+// The two halves: latest.tmp written and fsync'd (nothing else changes; a full disk fails here),
+// then renamed onto latest and save_dir fsync'd.
+void prepare_latest(const fs::path& save_dir, const std::string& tag);
+void publish_latest(const fs::path& save_dir);
 // The tag in <load_dir>/latest (surrounding whitespace trimmed); nullopt when there is none.
 std::optional<std::string> read_latest(const fs::path& load_dir);
 // The directory holding <tag>'s checkpoint: <load_dir>/<tag>, or <load_dir>/.aside-<tag> when a

@@ -70,6 +70,7 @@ OutputFile::OutputFile(fs::path path, uint64_t reserve_bytes)
       const int err = errno;
       ::close(fd_);
       fd_ = -1;
+      ::unlink(path_.c_str());  // no empty file left behind under the name
       throw_io_error("fallocate (reserving space for)", path_, err, reserve_bytes);
     }
   }
@@ -186,8 +187,13 @@ void fsync_directory(const fs::path& dir) {
 
 void write_file_durably(const fs::path& path, const std::string& content) {
   OutputFile file(path, content.size());
-  file.write(content.data(), content.size());
-  file.close();
+  try {
+    file.write(content.data(), content.size());
+    file.close();
+  } catch (...) {
+    ::unlink(path.c_str());
+    throw;
+  }
 }
 
 std::string read_small_file(const fs::path& path) {

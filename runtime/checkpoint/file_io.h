@@ -75,7 +75,8 @@ class InputFile {
 
 // fsync on a directory: makes the entries created, renamed or removed in it durable.
 void fsync_directory(const fs::path& dir);
-// Writes `content` to a new file at `path` (reserved, fsync'd); the directory is not fsync'd.
+// Writes `content` to a new file at `path` (reserved, fsync'd; removed again on an error); the
+// directory is not fsync'd.
 void write_file_durably(const fs::path& path, const std::string& content);
 // The whole content of a small file (a manifest, `latest`).
 std::string read_small_file(const fs::path& path);

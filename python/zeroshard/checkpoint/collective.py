@@ -1,11 +1,27 @@
 """The few agreements a save or load needs across ranks, on the engine's communicator (so a dead
-rank is reported by name, as for every other collective): which ranks failed a phase, and rank 0's
-text (the temporary directory's name)."""
+rank is reported by name, as for every other collective): which ranks failed a phase, and one
+rank's text (the temporary directory's name, a failed rank's error)."""
 import zlib
 
 import torch
 
-_TEXT_LEN = 256
+_TEXT_LEN = 1024
+
+
+def raise_if_failed(run, error, what: str, staged=None, consequence=""):
+    """Every rank says whether its part of `what` succeeded (error is None); if any failed, rank 0
+    drops `staged` (the uncommitted directory) and every rank raises: the failed rank its own
+    error, the others one that names that rank and repeats its message."""
+    failed = failed_ranks(run, error is None, what)
+    if not failed:
+        return
+    if staged is not None and run.rank == 0:
+        staged.abort()  # now, not whenever the traceback lets the handle go
+    message = broadcast_text(run, f"{type(error).__name__}: {error}" if error is not None else "",
+                             what + ": the error", src=failed[0])
+    if error is not None:
+        raise error
+    raise RuntimeError(f"{what}: rank {failed[0]} failed: {message}{consequence}")
 
 
 def failed_ranks(run, ok: bool, what: str):
@@ -18,16 +34,14 @@ def failed_ranks(run, ok: bool, what: str):
     return [r for r, v in enumerate(summed) if v != 0.0]
 
 
-def broadcast_text(run, text: str, what: str) -> str:
-    """Rank 0's `text` (at most 256 bytes of UTF-8) on every rank."""
+def broadcast_text(run, text: str, what: str, src: int = 0) -> str:
+    """Rank `src`'s `text` on every rank (UTF-8, cut to 1024 bytes)."""
     if run.world == 1:
         return text
-    data = text.encode() if run.rank == 0 else b""
-    if len(data) > _TEXT_LEN:
-        raise ValueError(f"{what}: {text!r} is longer than {_TEXT_LEN} bytes")
+    data = text.encode()[:_TEXT_LEN] if run.rank == src else b""
     values = [float(b) for b in data] + [0.0] * (_TEXT_LEN - len(data))
     summed = run.comm.all_reduce_values(values, str(run.device), what)
-    return bytes(int(v) for v in summed).rstrip(b"\0").decode()
+    return bytes(int(v) for v in summed).rstrip(b"\0").decode(errors="replace")
 
 
 def same_on_every_rank(run, text: str, what: str) -> bool:

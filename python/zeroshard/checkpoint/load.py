@@ -7,7 +7,7 @@ import time
 import torch
 
 from zeroshard import _C
-from zeroshard.checkpoint.collective import failed_ranks
+from zeroshard.checkpoint.collective import raise_if_failed
 from zeroshard.checkpoint.layout import RunView, decode_client_state, tensor_name
 from zeroshard.checkpoint.sources import open_source
 from zeroshard.log import log_rank0
@@ -152,11 +152,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         client = decode_client_state(client, source.read_whole)
     except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
         error = e
-    failed = failed_ranks(run, error is None, "load_checkpoint")
-    if failed:
-        if error is not None:
-            raise error
-        raise RuntimeError(f"load_checkpoint: rank {failed[0]} failed reading {path} (see its error)")
+    raise_if_failed(run, error, f"load_checkpoint: reading {path}")
     if (layout["world_size"], layout["zero_stage"], layout["dtype"]) != (run.world, run.stage, run.dtype_name):
         log_rank0(f"load_checkpoint: resharded a {source.kind} checkpoint saved at world "
                   f"{layout['world_size']}, ZeRO stage {layout['zero_stage']}, {layout['dtype']} to world "

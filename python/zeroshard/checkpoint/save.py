@@ -9,11 +9,14 @@ import time
 
 import zeroshard
 from zeroshard import _C
-from zeroshard.checkpoint.collective import broadcast_text, failed_ranks, same_on_every_rank
+from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed, same_on_every_rank
 from zeroshard.checkpoint.layout import RunView, encode_client_state, layout_section, rank_items
 from zeroshard.log import log_rank0
 
 CK = _C.checkpoint
+
+
+_UNCHANGED = "; nothing was committed, the previous checkpoint and 'latest' are unchanged"
 
 
 def _rank_file(rank: int) -> str:
@@ -22,18 +25,6 @@ def _rank_file(rank: int) -> str:
 
 def _partial_manifest(rank: int) -> str:
     return f"rank{rank:05d}.manifest.json"
-
-
-def _raise_if_failed(run, ok, error, what, staged=None):
-    failed = failed_ranks(run, ok, what)
-    if not failed:
-        return
-    if staged is not None and run.rank == 0:
-        staged.abort()  # now, not whenever the traceback lets the handle go
-    if error is not None:
-        raise error
-    raise RuntimeError(f"{what}: rank {failed[0]} failed (see its error); nothing was committed, "
-                       "the previous checkpoint and 'latest' are unchanged")
 
 
 def _check_tag(run, tag, validation):
@@ -84,12 +75,9 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             json.dumps(sections, allow_nan=False)  # a scheduler or param_group value JSON cannot hold
         if run.rank == 0:
             staged = CK.StagedCheckpoint.create(save_dir, tag)
-    except (TypeError, ValueError) as e:
-        error = e
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = e
-    _raise_if_failed(run, error is None, error, "save_checkpoint: preparing " + os.path.join(save_dir, tag),
-                     staged)
+    raise_if_failed(run, error, "save_checkpoint: preparing " + os.path.join(save_dir, tag), staged, _UNCHANGED)
     temp_name = broadcast_text(run, staged.temp_name if staged else "", "save_checkpoint: temporary directory")
 
     # Phase 2: every rank writes its shard file and its part of the manifest.
@@ -101,16 +89,12 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             items += [(key, list(t.shape), 0, t.reshape(-1)) for key, t in client_tensors]
         manifest = CK.write_shard_file(staged.file(_rank_file(run.rank)), items)
         if run.rank != 0:
-            path = staged.file(_partial_manifest(run.rank))
-            with open(path + ".tmp", "w") as f:
-                f.write(manifest.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
+            CK.write_file_durably(staged.file(_partial_manifest(run.rank)), manifest.to_json())
             staged.release()
     except Exception as e:  # noqa: BLE001
         error = e
-    _raise_if_failed(run, error is None, error, "save_checkpoint: writing the shard files", staged)
+    raise_if_failed(run, error, "save_checkpoint: writing the shard files of " + os.path.join(save_dir, tag),
+                    staged, _UNCHANGED)
 
     # Phase 3: rank 0 merges, validates, writes manifest.json and renames the directory into place.
     if run.rank == 0:
@@ -128,7 +112,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         except Exception as e:  # noqa: BLE001
             staged.abort()
             error = e
-    _raise_if_failed(run, error is None, error, "save_checkpoint: committing " + os.path.join(save_dir, tag))
+    raise_if_failed(run, error, "save_checkpoint: committing " + os.path.join(save_dir, tag), None, _UNCHANGED)
     seconds = time.perf_counter() - t0
     log_rank0(f"save_checkpoint: {os.path.join(save_dir, tag)} written by {run.world} rank(s) in "
               f"{seconds:.2f} s", run.rank)
