@@ -188,7 +188,7 @@ std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
 
 void ZeroOptimizer::after_load() {
   if (!coordinator_) return;
-  coordinator_->release_all();
+  coordinator_->release_gathered();
   coordinator_->gatherer().refresh_persistent(/*include_frozen=*/true);
 }
 

@@ -94,11 +94,12 @@ class ParamCoordinator {
   int64_t trace_invalidations() const {
     return train_trace_.invalidations() + eval_trace_.invalidations();
   }
+  // Finishes prefetches, releases everything not persistent and resets every module's and
+  // parameter's backward state (release_all, abandon_iteration); alone, between iterations (a
+  // checkpoint load), it leaves the recorded order as it is.
+  void release_gathered();
 
  private:
-  // Finishes prefetches, releases everything not persistent and resets every module's and
-  // parameter's backward state (release_all, abandon_iteration).
-  void release_gathered();
   // Adds the parameter to the module's (-1: a new module, given the next id), which it returns. A
   // module new to the coordinator joins the fetch order, which is then recorded again (running:
   // the iteration under way is dropped too).

@@ -94,8 +94,9 @@ def rank_items(run: RunView, exclude_frozen: bool):
         if exclude_frozen and not p.requires_grad:
             continue
         add(tensor_name("param", name), p.shape, 0, p.detach().reshape(-1), True)
-    for name, b in run.buffers:
-        add(f"buffer/{name}", b.shape, 0, b.detach().reshape(-1), True)
+    if run.rank == 0:  # buffers may differ across ranks (BatchNorm without SyncBN): rank 0's, as DeepSpeed
+        for name, b in run.buffers:
+            add(f"buffer/{name}", b.shape, 0, b.detach().reshape(-1), False)
     return items
 
 
@@ -121,12 +122,24 @@ def encode_client_state(state) -> tuple:
     """(JSON value, [(key, tensor)]): tensors become {"__zeroshard_tensor__": key}, tuples and
     non-finite floats are marked so they come back as they were. Anything else is a TypeError that
     names the key: a checkpoint holds no pickles."""
-    tensors = []
+    return encode_values(state, "client_state", tensors=True)
+
+
+def encode_values(state, where: str, tensors: bool = False):
+    """encode_client_state for any section (`where` names it in errors); without `tensors`, a
+    tensor is a TypeError too (a one-element one is taken as its number). Returns the JSON value,
+    and the tensors' list when `tensors`."""
+    found = []
 
     def enc(v, path):
         if isinstance(v, torch.Tensor):
-            key = f"client/{len(tensors)}"
-            tensors.append((key, v.detach()))
+            if not tensors and v.numel() == 1:
+                return enc(v.item(), path)
+            if not tensors:
+                raise TypeError(f"save_checkpoint: {where}{path} is a tensor of {v.numel()} elements, "
+                                "which this section cannot hold")
+            key = f"client/{len(found)}"
+            found.append((key, v.detach()))
             return {_TENSOR: key}
         if v is None or isinstance(v, (bool, int, str)):
             return v
@@ -136,23 +149,24 @@ def encode_client_state(state) -> tuple:
             out = {}
             for k, item in v.items():
                 if not isinstance(k, str):
-                    raise TypeError(f"save_checkpoint: client_state{path}: key {k!r} is a "
+                    raise TypeError(f"save_checkpoint: {where}{path}: key {k!r} is a "
                                     f"{type(k).__name__}; JSON keys are strings, so use str keys")
                 out[k] = enc(item, f"{path}[{k!r}]")
             return out
         if isinstance(v, (list, tuple)):
             items = [enc(item, f"{path}[{i}]") for i, item in enumerate(v)]
             return {_TUPLE: items} if isinstance(v, tuple) else items
-        raise TypeError(f"save_checkpoint: client_state{path} is a {type(v).__module__}."
+        raise TypeError(f"save_checkpoint: {where}{path} is a {type(v).__module__}."
                         f"{type(v).__qualname__}, which a checkpoint cannot hold: it stores JSON values "
                         "(dict, list, tuple, str, int, float, bool, None) and tensors, never pickles; "
                         "convert it, or save it in a file of your own")
 
-    return enc(state, ""), tensors
+    value = enc(state, "")
+    return (value, found) if tensors else value
 
 
-def decode_client_state(value, read_tensor):
-    """The inverse of encode_client_state; read_tensor(key) gives a stored tensor."""
+def decode_client_state(value, read_tensor=None):
+    """The inverse of encode_values; read_tensor(key) gives a stored tensor."""
     if isinstance(value, dict):
         if set(value) == {_TENSOR}:
             return read_tensor(value[_TENSOR])

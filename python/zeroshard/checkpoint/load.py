@@ -64,24 +64,38 @@ def _check_names(run, layout, strict):
     return set(missing) | {n for n in mine if n in saved and list(saved[n]) != list(mine[n])}
 
 
-def _source_of(source, kind, name, model_dtype):
+def _source_of(source, kind, name, same_dtype):
     """Which stored tensor fills `kind` of parameter `name`."""
     master, param = f"master/{name}", f"param/{name}"
-    if kind == "param":  # an fp32 model takes the fp32 masters where a 16-bit run saved them
-        return master if model_dtype == torch.float32 and source.has(master) else param
+    if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
+        return param if same_dtype or not source.has(master) else master
     if kind == "master":
         return master if source.has(master) else param
     return tensor_name(kind, name)
 
 
+def _check_optimizer(run, source, layout):
+    """Loading optimizer state needs the same optimizer: another one's state names (or, for a
+    zeroshard checkpoint, its type) are an error before anything is read."""
+    saved = layout["optimizer"]
+    same_states = list(saved["state_names"]) == list(run.core.state_names)
+    same_type = source.kind != "zeroshard" or saved["type"] == run.core.optimizer_type
+    if not (same_states and same_type):
+        raise ValueError(f"load_checkpoint: the checkpoint was saved with the {saved['type']} optimizer "
+                         f"(state {', '.join(saved['state_names']) or 'none'}), this run uses "
+                         f"{run.core.optimizer_type} (state {', '.join(run.core.state_names) or 'none'}); "
+                         "pass load_optimizer_states=False to load the weights only")
+
+
 def _load_weights(run, source, skip, load_states):
     has_states = any(source.has(tensor_name(k, n)) for k in run.core.state_names
                      for n, t in zip(run.names, run.trainable) if t)
+    same_dtype = source.section("layout")["dtype"] == run.dtype_name
     for kind, index, begin, values, _ in run.core.shard_entries(load_states and has_states):
         name = run.names[index]
         if name in skip:
             continue
-        src = _source_of(source, kind, name, run.dtype)
+        src = _source_of(source, kind, name, same_dtype)
         if kind not in ("param", "master") and not load_states:
             continue
         if not source.has(src):
@@ -106,10 +120,14 @@ def _load_weights(run, source, skip, load_states):
 def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_states):
     saved = source.section("training_state")
     current = run.core.state.state_dict()
-    if not load_optimizer_states:  # Adam's step counts and the loss scaler belong to the moments
-        saved = {**saved, "group_steps": current["group_steps"], "loss_scaler": current["loss_scaler"]}
+    if not load_optimizer_states:  # Adam's step counts belong to the moments
+        saved = {**saved, "group_steps": current["group_steps"]}
+    # The loss scaler carries over only from fp16 to fp16; otherwise this run's own (its initial
+    # scale, or static 1) stays.
+    if not (load_optimizer_states and source.section("layout")["dtype"] == "fp16" == run.dtype_name):
+        saved = {**saved, "loss_scaler": current["loss_scaler"]}
     run.core.state.load_state_dict(saved)
-    groups = source.section("param_groups")
+    groups = decode_client_state(source.section("param_groups"))
     if load_optimizer_states and groups is not None:
         if len(groups) != len(engine.optimizer.param_groups):
             raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this "
@@ -118,9 +136,14 @@ def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_st
             for key, value in theirs.items():
                 if key in mine:
                     mine[key] = tuple(value) if isinstance(mine[key], tuple) else value
-    sched = source.section("lr_scheduler")
+    sched = decode_client_state(source.section("lr_scheduler"))
     if load_lr_scheduler_states and engine.lr_scheduler is not None and sched is not None:
-        engine.lr_scheduler.load_state_dict(sched)
+        try:
+            engine.lr_scheduler.load_state_dict(sched)
+        except Exception as e:  # noqa: BLE001 - named, with the way out
+            raise ValueError(f"load_checkpoint: the checkpoint's LR scheduler state does not fit this run's "
+                             f"{type(engine.lr_scheduler).__name__} ({e}); pass "
+                             "load_lr_scheduler_states=False to keep this run's schedule") from e
 
 
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -145,6 +168,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         layout = source.section("layout")
         skip = _check_names(run, layout, load_module_strict)
         states = load_optimizer_states and not load_module_only
+        if states:
+            _check_optimizer(run, source, layout)
         _load_weights(run, source, skip, states)
         if not load_module_only:
             _load_state(engine, run, source, states, load_lr_scheduler_states)

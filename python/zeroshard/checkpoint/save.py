@@ -2,7 +2,6 @@
 target, rank 0 merges the ranks' manifests, and the directory is renamed into place only after
 every rank reported success (runtime/checkpoint/atomic_dir.h). A failure anywhere leaves the
 previous checkpoint and `latest` as they were, and every rank raises an error naming the rank."""
-import json
 import os
 import time
 
@@ -10,7 +9,7 @@ import time
 import zeroshard
 from zeroshard import _C
 from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed, same_on_every_rank
-from zeroshard.checkpoint.layout import RunView, encode_client_state, layout_section, rank_items
+from zeroshard.checkpoint.layout import RunView, encode_client_state, encode_values, layout_section, rank_items
 from zeroshard.log import log_rank0
 
 CK = _C.checkpoint
@@ -27,14 +26,19 @@ def _partial_manifest(rank: int) -> str:
     return f"rank{rank:05d}.manifest.json"
 
 
-def _check_tag(run, tag, validation):
-    if validation == "Ignore" or same_on_every_rank(run, tag, "save_checkpoint: tag check"):
-        return
+def _agreed_tag(run, tag, validation):
+    """The tag every rank saves under: rank 0's. Ranks that passed different ones are an error
+    under tag_validation Fail, a warning under Warn."""
+    if same_on_every_rank(run, tag, "save_checkpoint: tag check"):
+        return tag
+    used = broadcast_text(run, tag, "save_checkpoint: rank 0's tag")
     message = (f"save_checkpoint: the ranks passed different tags (rank {run.rank}: {tag!r}); "
                "checkpoint.tag_validation is " + validation)
     if validation == "Fail":
         raise ValueError(message + ": pass the same tag on every rank")
-    log_rank0("warning: " + message, run.rank)
+    if validation == "Warn":
+        log_rank0(f"warning: {message}; saving under rank 0's tag {used!r}", run.rank)
+    return used
 
 
 def _sections(engine, run, client_json, exclude_frozen):
@@ -44,8 +48,9 @@ def _sections(engine, run, client_json, exclude_frozen):
     return {
         "layout": layout_section(run, exclude_frozen),
         "training_state": run.core.state.state_dict(),
-        "param_groups": groups,
-        "lr_scheduler": sched_state,
+        # inf (ReduceLROnPlateau's best), tuples (betas) come back as they were
+        "param_groups": encode_values(groups, "optimizer.param_groups"),
+        "lr_scheduler": encode_values(sched_state, "lr_scheduler.state_dict()"),
         "client_state": client_json,
         "config": engine.resolved_config(),
         "zeroshard": {"version": zeroshard.__version__},
@@ -62,7 +67,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
                          "what lets it reshard); put save_dir on storage all nodes share, and set it false")
     tag = f"global_step{run.core.state.global_steps}" if tag is None else str(tag)
     CK.validate_tag(tag)
-    _check_tag(run, tag, settings["tag_validation"])
+    tag = _agreed_tag(run, tag, settings["tag_validation"])
     save_dir = os.fspath(save_dir)
     t0 = time.perf_counter()
 
@@ -71,8 +76,6 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     try:
         client_json, client_tensors = encode_client_state({} if client_state is None else client_state)
         sections = _sections(engine, run, client_json, exclude_frozen_parameters) if run.rank == 0 else None
-        if sections is not None:
-            json.dumps(sections, allow_nan=False)  # a scheduler or param_group value JSON cannot hold
         if run.rank == 0:
             staged = CK.StagedCheckpoint.create(save_dir, tag)
     except Exception as e:  # noqa: BLE001 - reported to every rank below

@@ -114,11 +114,19 @@ class DeepSpeedSource:
         return {"global_steps": t.get("global_steps", 0), "micro_steps": t.get("micro_steps", 0),
                 "global_samples": t.get("global_samples", 0), "skipped_steps": t.get("skipped_steps", 0),
                 "group_steps": [step] * max(1, len(opt["param_groups"])),
-                "loss_scaler": {"scale": float(scaler.get("scale") or 1.0),
-                                "steps_since_overflow": int(scaler.get("cur_iter", 0) or 0)
-                                - int(scaler.get("last_overflow_iter", -1) or -1) - 1
-                                if scaler.get("dynamic") else 0,
-                                "hysteresis_left": int(scaler.get("cur_hysteresis", 0) or 0)}}
+                "loss_scaler": self._loss_scaler(scaler)}
+
+    @staticmethod
+    def _loss_scaler(scaler):
+        """DeepSpeed's scaler fields in TrainingState's form: its iterations since the last
+        overflow (cur_iter - last_overflow_iter - 1; last_overflow_iter 0 is an overflow at the
+        first iteration, -1 none yet)."""
+        last = scaler.get("last_overflow_iter")
+        last = -1 if last is None else int(last)
+        dynamic = bool(scaler.get("dynamic"))
+        return {"scale": float(scaler.get("scale") or 1.0),
+                "steps_since_overflow": int(scaler.get("cur_iter") or 0) - last - 1 if dynamic else 0,
+                "hysteresis_left": int(scaler.get("cur_hysteresis") or 0)}
 
     def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
         raise KeyError(name)
