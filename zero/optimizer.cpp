@@ -186,6 +186,10 @@ std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
   return zeroshard::shard_entries(groups, shards, frozen_.get(), *strategy_, with_state);
 }
 
+void ZeroOptimizer::drop_optimizer_state() {
+  for (auto& shard : shards_) shard->drop_state();
+}
+
 void ZeroOptimizer::after_load() {
   if (!coordinator_) return;
   coordinator_->release_gathered();

@@ -95,6 +95,9 @@ class ZeroOptimizer {
   // After a load wrote into shard_entries' views between steps: stage 3 releases what is gathered
   // and gathers the persistent parameters again from the new chunks.
   void after_load();
+  // A checkpoint saved before its first step was loaded: every shard's optimizer state is freed
+  // and created again by the next step.
+  void drop_optimizer_state();
 
  private:
   // Overwrites each rank's fp32 parameter values with rank 0's (the tensors must be fp32), except

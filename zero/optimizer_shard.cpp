@@ -40,6 +40,12 @@ std::vector<at::Tensor>& OptimizerShard::state() {
   return state_;
 }
 
+void OptimizerShard::drop_state() {
+  state_.clear();
+  memory_.release(MemoryCategory::optimizer_state, state_bytes_);
+  state_bytes_ = 0;
+}
+
 int64_t OptimizerShard::slot(const std::string& what) const {
   if (what == "fp32_param") return -1;
   const auto& names = row_.state_names;

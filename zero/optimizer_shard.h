@@ -38,6 +38,9 @@ class OptimizerShard {
   // alive, and creating the state with them would raise the set-up peak above the steady state.
   std::vector<at::Tensor>& state();
   bool has_state() const { return !state_.empty(); }
+  // Back to before the first step (a checkpoint saved before its first step was loaded): the
+  // state is freed and the next step creates it again.
+  void drop_state();
   // -1 for "fp32_param", else the state slot of torch.optim's name `what`; a ConfigError that
   // lists the row's names for any other.
   int64_t slot(const std::string& what) const;

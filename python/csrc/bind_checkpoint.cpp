@@ -45,6 +45,11 @@ void bind_checkpoint(py::module_& parent) {
         py::arg("load_dir"), py::arg("tag"));
   m.def("write_file_durably", [](const std::string& path, const std::string& text) { write_file_durably(path, text); },
         py::arg("path"), py::arg("text"), "a new file, fsync'd; a full disk names the path and the bytes");
+  m.def("safetensors_dtypes", [] {
+    py::dict out;
+    for (const auto& [name, type] : safetensors_dtypes()) out[py::str(name)] = type;
+    return out;
+  }, "safetensors dtype name -> torch dtype, for every dtype checkpoints store");
   m.attr("MANIFEST") = kManifestFileName;
   m.attr("FORMAT_VERSION") = kManifestFormatVersion;
 
@@ -104,8 +109,11 @@ void bind_checkpoint(py::module_& parent) {
         "items: (name, global shape, first element, 1-D values); returns the file's manifest");
 
   py::class_<CheckpointReader>(m, "CheckpointReader")
-      .def(py::init([](const std::string& dir) { return std::make_unique<CheckpointReader>(dir); }),
-           py::arg("dir"))
+      .def(py::init([](const std::string& dir, bool verify_before_writing) {
+             return std::make_unique<CheckpointReader>(dir, verify_before_writing);
+           }),
+           py::arg("dir"), py::arg("verify_before_writing") = true)
+      .def("open_all", &CheckpointReader::open_all)
       .def_property_readonly("manifest", &CheckpointReader::manifest, py::return_value_policy::reference_internal)
       .def("read", &CheckpointReader::read, py::arg("name"), py::arg("begin"), py::arg("out"),
            py::call_guard<py::gil_scoped_release>())

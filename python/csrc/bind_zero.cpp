@@ -281,6 +281,7 @@ void bind_zero(py::module_& m) {
         return out;
       }, py::arg("with_state"))
       .def("after_load", &ZeroOptimizer::after_load, py::call_guard<py::gil_scoped_release>())
+      .def("drop_optimizer_state", &ZeroOptimizer::drop_optimizer_state)
       .def_property_readonly("optimizer_type", [](const ZeroOptimizer& o) { return o.optimizer().type; })
       .def_property_readonly("state_names",
                              [](const ZeroOptimizer& o) { return optimizer_row(o.optimizer().type).state_names; });

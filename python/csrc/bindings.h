@@ -7,6 +7,6 @@ namespace zeroshard::python {
 void bind_runtime(pybind11::module_& m);   // bind_runtime.cpp: Comm, MemoryAccount, LossScaler
 void bind_config(pybind11::module_& m);    // bind_config.cpp: parse_config, Config, LR schedules
 void bind_zero(pybind11::module_& m);      // bind_zero.cpp: ZeroOptimizer
-void bind_kernels(pybind11::module_& m);
-void bind_checkpoint(pybind11::module_& m);  // bind_checkpoint.cpp: _C.checkpoint (storage)   // bind_kernels.cpp: CPU optimizer kernels
+void bind_kernels(pybind11::module_& m);   // bind_kernels.cpp: CPU optimizer kernels
+void bind_checkpoint(pybind11::module_& m);  // bind_checkpoint.cpp: _C.checkpoint (storage)
 }  // namespace zeroshard::python

@@ -13,13 +13,13 @@ from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm
 from zeroshard.config import load_config
 from zeroshard.dataloader import make_dataloader
+from zeroshard.dtypes import PRECISIONS
 from zeroshard.log import log_rank0, logger, note_rank0
 from zeroshard.lr_schedules import ConfigLRScheduler
 from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec
 from zeroshard.zero import hooks as zero_hooks
 from zeroshard.zero.partition_init import full_shape
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -76,7 +76,7 @@ class ZeroShardEngine(torch.nn.Module):
 
         self.device = comm_device()
         self.module = model.to(self.device)
-        self.dtype = _DTYPES[s["precision"]]
+        self.dtype = PRECISIONS[s["precision"]]
         self._comm = new_comm()
 
         spec, groups = self._optimizer_spec(optimizer, model_parameters)

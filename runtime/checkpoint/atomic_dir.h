@@ -3,10 +3,11 @@
 // target, <save_dir>/.tmp-<tag>-<random>, each fsync'd when closed; commit() fsyncs that
 // directory and renames it onto <save_dir>/<tag>, then replaces <save_dir>/latest (the tag as
 // text, as DeepSpeed writes it) by write + fsync + rename (the write comes before the directory's
-// rename, so a disk too full for `latest` fails the save before anything is replaced). A tag that exists already is swapped
-// out with renameat2(RENAME_EXCHANGE); where the filesystem lacks it, the old copy is first
-// renamed to <save_dir>/.aside-<tag>, which find_checkpoint_dir() reads and the next save
-// restores or removes, so some complete copy of <tag> exists at every moment.
+// rename, so a disk too full for `latest` fails the save before anything is replaced). A tag
+// that exists already is swapped out with renameat2(RENAME_EXCHANGE); where the filesystem
+// lacks it, the old copy is first renamed to <save_dir>/.aside-<tag>, which
+// find_checkpoint_dir() reads and the next save restores or removes, so some complete copy of
+// <tag> exists at every moment.
 //
 // The next save's create() removes the .tmp-* directories crashed saves left. A StagedCheckpoint
 // that is destroyed neither committed nor released removes its temporary directory, so an error

@@ -42,6 +42,16 @@ const DtypeInfo* find_dtype(const std::string& name) {
   return nullptr;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, c10::ScalarType>> safetensors_dtypes() {
+  std::vector<std::pair<std::string, c10::ScalarType>> out;
+  for (const auto& d : kDtypes) out.emplace_back(d.name, d.scalar_type);
+  return out;
+}
+
+namespace {
+
 std::string known_dtypes() {
   std::string out;
   for (const auto& d : kDtypes) out += std::string(out.empty() ? "" : ", ") + d.name;

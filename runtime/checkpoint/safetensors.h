@@ -31,6 +31,8 @@ namespace zeroshard::checkpoint {
 
 using Metadata = std::map<std::string, std::string>;
 
+// Every safetensors dtype this build reads and writes, with its torch dtype (the one table).
+std::vector<std::pair<std::string, c10::ScalarType>> safetensors_dtypes();
 // Whether `dtype` is a safetensors dtype this build reads and writes.
 bool is_safetensors_dtype(const std::string& dtype);
 // Bytes per element of a safetensors dtype ("F32" -> 4); UsageError listing the known ones.

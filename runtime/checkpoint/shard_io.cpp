@@ -50,8 +50,14 @@ Manifest write_shard_file(const fs::path& path, const std::vector<SaveItem>& ite
   return manifest;
 }
 
-CheckpointReader::CheckpointReader(fs::path dir)
-    : dir_(std::move(dir)), manifest_(Manifest::load(dir_ / kManifestFileName)) {}
+CheckpointReader::CheckpointReader(fs::path dir, bool verify_before_writing)
+    : dir_(std::move(dir)),
+      manifest_(Manifest::load(dir_ / kManifestFileName)),
+      verify_before_writing_(verify_before_writing) {}
+
+void CheckpointReader::open_all() {
+  for (const FileRecord& f : manifest_.files()) reader(f.name);
+}
 
 SafetensorsReader& CheckpointReader::reader(const std::string& file) {
   auto it = readers_.find(file);
@@ -85,7 +91,8 @@ void CheckpointReader::read(const std::string& name, int64_t begin, const at::Te
       bytes_read_ += uint64_t(buf.nbytes());
       continue;
     }
-    at::Tensor key = (direct && whole_key) ? dst : at::empty({key_numel}, at::dtype(file_dtype));
+    const bool into_dst = direct && whole_key && !verify_before_writing_;
+    at::Tensor key = into_dst ? dst : at::empty({key_numel}, at::dtype(file_dtype));
     r.read_range(s.key, 0, key_numel, key);
     bytes_read_ += uint64_t(key.nbytes());
     const uint32_t crc = crc32c(key.const_data_ptr(), size_t(key.nbytes()));
@@ -94,7 +101,7 @@ void CheckpointReader::read(const std::string& name, int64_t begin, const at::Te
                               "\": checksum mismatch (the file is corrupted)"));
     }
     verified_.insert({s.file, s.key});
-    if (!(direct && whole_key)) dst.copy_(key.narrow(0, s.file_begin, s.file_end - s.file_begin));
+    if (!into_dst) dst.copy_(key.narrow(0, s.file_begin, s.file_end - s.file_begin));
   }
 }
 

@@ -1,8 +1,9 @@
 // A rank's part of a checkpoint, in and out: write_shard_file streams this rank's pieces of
 // tensors (any device) into one safetensors file and returns the partial manifest that describes
 // them; CheckpointReader fills any global element range of any tensor from a checkpoint
-// directory, whatever world size or stage wrote it, checking each key's CRC32C against the
-// manifest as it reads it (a mismatch names the file and the tensor).
+// directory, whatever world size or stage wrote it, reading the keys (per-file pieces) that hold
+// the range and checking each key's CRC32C against the manifest (a mismatch names the file and
+// the tensor).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <map>
@@ -30,13 +31,20 @@ Manifest write_shard_file(const fs::path& path, const std::vector<SaveItem>& ite
 
 class CheckpointReader {
  public:
-  // Loads and validates <dir>/manifest.json.
-  explicit CheckpointReader(fs::path dir);
+  // Loads and validates <dir>/manifest.json. `verify_before_writing`: a key's first read goes
+  // through a host buffer and reaches `out` only once its CRC32C matched, so a corrupted file
+  // never overwrites live weights; false (consolidation, whose destination is scratch) reads a
+  // whole key straight into a CPU destination of the file's dtype, with no second buffer.
+  explicit CheckpointReader(fs::path dir, bool verify_before_writing = true);
   const Manifest& manifest() const { return manifest_; }
   const fs::path& dir() const { return dir_; }
+  // Opens every file the manifest lists and checks its size, so a missing or truncated file is
+  // an Error (naming it) before anything is read.
+  void open_all();
   // Global elements [begin, begin + out.numel()) of `name` into `out` (1-D or any contiguous
-  // shape; any device; any dtype the file's converts to). Each key read is checked against its
-  // CRC32C once; reading part of a key reads the whole key to check it.
+  // shape; any device; any dtype the file's converts to). Each key is checked against its
+  // CRC32C once: the first read of a key reads all of it (also when only part is wanted), later
+  // reads only the range.
   void read(const std::string& name, int64_t begin, const at::Tensor& out);
   // Bytes read from files so far (for the progress line and the benchmark).
   uint64_t bytes_read() const { return bytes_read_; }
@@ -46,6 +54,7 @@ class CheckpointReader {
   fs::path dir_;
   Manifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers_;
+  bool verify_before_writing_;
   std::set<std::pair<std::string, std::string>> verified_;  // (file, key) whose CRC matched
   uint64_t bytes_read_ = 0;
 };

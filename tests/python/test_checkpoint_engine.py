@@ -490,6 +490,10 @@ def test_checkpoint_of_another_optimizer(bad_inputs):
          f"{'empty' if r['after']['states']['exp_avg'][0] is None else 'present'}")
     message = r["result"][1]
     assert "SGD" in message and "AdamW" in message and "load_optimizer_states=False" in message, message
+    # Checked before anything is written: the run is as it was.
+    assert W.equal_arrays(r["after"]["fp32"], r["before"]["fp32"])
+    assert W.equal_arrays(r["after"]["states"], r["before"]["states"])
+    assert r["after"]["lr"] == r["before"]["lr"] and r["after"]["group_steps"] == r["before"]["group_steps"]
     r = loads["other_optimizer_weights"]
     assert r["result"][0] == "ok", r["result"]
     assert W.equal_arrays(r["after"]["fp32"], sgd["fp32"])

@@ -12,8 +12,9 @@ import types
 import pytest
 import torch
 
+from zeroshard.checkpoint.sources import find_checkpoint
 from zeroshard.checkpoint_import.deepspeed import (
-    DeepSpeedCheckpoint, find_deepspeed_checkpoint, is_deepspeed_checkpoint, load_file)
+    DeepSpeedCheckpoint, is_deepspeed_checkpoint, load_file)
 
 st = pytest.importorskip("safetensors.torch", reason="pip install safetensors to read the expected tensors")
 
@@ -31,7 +32,7 @@ def test_every_fixture_is_found():
 def loaded(case):
     with open(os.path.join(FIXTURES, case, "expected.json")) as f:
         expected = json.load(f)
-    path = find_deepspeed_checkpoint(os.path.join(FIXTURES, case))
+    path, _ = find_checkpoint(os.path.join(FIXTURES, case))
     return DeepSpeedCheckpoint(path), expected, st.load_file(os.path.join(FIXTURES, case, "expected.safetensors"))
 
 
@@ -83,11 +84,11 @@ def test_sections_equal_what_deepspeed_reported(case):
 def test_find_and_recognise(tmp_path):
     load_dir = os.path.join(FIXTURES, "zero2_fp32")
     tag_dir = os.path.join(load_dir, "step3")
-    assert find_deepspeed_checkpoint(load_dir) == tag_dir
-    assert find_deepspeed_checkpoint(load_dir, tag="step3") == tag_dir
-    assert find_deepspeed_checkpoint(str(tmp_path)) is None  # no `latest`: nothing to load, as DeepSpeed
+    assert find_checkpoint(load_dir) == (tag_dir, "step3")  # DeepSpeed's `latest`, read as zeroshard's
+    assert find_checkpoint(load_dir, tag="step3") == (tag_dir, "step3")
+    assert find_checkpoint(str(tmp_path)) == (None, None)  # no `latest`: nothing to load, as DeepSpeed
     with pytest.raises(FileNotFoundError, match="global_step9"):
-        find_deepspeed_checkpoint(load_dir, tag="global_step9")
+        find_checkpoint(load_dir, tag="global_step9")
     assert is_deepspeed_checkpoint(tag_dir)
     assert is_deepspeed_checkpoint(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
     assert not is_deepspeed_checkpoint(load_dir) and not is_deepspeed_checkpoint(str(tmp_path))
@@ -102,7 +103,7 @@ def copy_of(case, tmp_path):
 def test_missing_directory_and_load_dir_given(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
         DeepSpeedCheckpoint(str(tmp_path / "absent"))
-    with pytest.raises(FileNotFoundError, match="find_deepspeed_checkpoint"):
+    with pytest.raises(FileNotFoundError, match="find_checkpoint"):
         DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero3_fp32"))
 
 

@@ -20,6 +20,12 @@ def raise_if_failed(run, error, what: str, staged=None, consequence=""):
     message = broadcast_text(run, f"{type(error).__name__}: {error}" if error is not None else "",
                              what + ": the error", src=failed[0])
     if error is not None:
+        if consequence:
+            try:
+                augmented = type(error)(f"{error}{consequence}")
+            except Exception:  # noqa: BLE001 - a type that takes other arguments: as it was
+                raise error
+            raise augmented from error
         raise error
     raise RuntimeError(f"{what}: rank {failed[0]} failed: {message}{consequence}")
 

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+from zeroshard import _C
+from zeroshard.dtypes import PRECISION_OF
+
 
 
 def tensor_name(kind: str, name: str) -> str:
@@ -13,6 +15,10 @@ def tensor_name(kind: str, name: str) -> str:
     if kind in ("param", "master"):
         return f"{kind}/{name}"
     return f"optim/{kind}/{name}"
+
+
+def buffer_key(name: str) -> str:
+    return f"buffer/{name}"
 
 
 @dataclass
@@ -41,7 +47,7 @@ class RunView:
 
     @property
     def dtype_name(self) -> str:
-        return _DTYPE_NAMES[self.dtype]
+        return PRECISION_OF[self.dtype]
 
     @classmethod
     def of(cls, engine):
@@ -96,7 +102,7 @@ def rank_items(run: RunView, exclude_frozen: bool):
         add(tensor_name("param", name), p.shape, 0, p.detach().reshape(-1), True)
     if run.rank == 0:  # buffers may differ across ranks (BatchNorm without SyncBN): rank 0's, as DeepSpeed
         for name, b in run.buffers:
-            add(f"buffer/{name}", b.shape, 0, b.detach().reshape(-1), False)
+            add(buffer_key(name), b.shape, 0, b.detach().reshape(-1), False)
     return items
 
 
@@ -116,6 +122,7 @@ def layout_section(run: RunView, exclude_frozen: bool) -> dict:
 # ----- client_state: JSON values and tensors, nothing else ---------------------------------------
 
 _TENSOR, _TUPLE, _FLOAT = "__zeroshard_tensor__", "__zeroshard_tuple__", "__zeroshard_float__"
+_STORABLE = tuple(_C.checkpoint.safetensors_dtypes().values())  # what a shard file can hold
 
 
 def encode_client_state(state) -> tuple:
@@ -138,6 +145,9 @@ def encode_values(state, where: str, tensors: bool = False):
             if not tensors:
                 raise TypeError(f"save_checkpoint: {where}{path} is a tensor of {v.numel()} elements, "
                                 "which this section cannot hold")
+            if v.layout != torch.strided or v.dtype not in _STORABLE:
+                raise TypeError(f"save_checkpoint: {where}{path} is a {v.layout} tensor of {v.dtype}, which "
+                                f"a checkpoint cannot hold (dense tensors of {', '.join(map(str, _STORABLE))})")
             key = f"client/{len(found)}"
             found.append((key, v.detach()))
             return {_TENSOR: key}

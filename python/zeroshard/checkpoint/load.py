@@ -1,82 +1,58 @@
-"""engine.load_checkpoint: each rank reads only the element ranges it holds under this run's world
-size and stage, whatever wrote the checkpoint (any world, any ZeRO stage, fp32 or 16-bit, or
-DeepSpeed), then the training state, LR scheduler and client_state."""
+"""engine.load_checkpoint: each rank reads the keys that hold the element ranges it keeps under
+this run's world size and stage, whatever wrote the checkpoint (any world, any ZeRO stage, fp32 or
+16-bit, or DeepSpeed), then the training state, LR scheduler and client_state.
+
+In phases, each ended by an agreement of all ranks so that a rank that fails never leaves the
+others waiting in another collective: rank 0 finds the tag; every rank checks the checkpoint
+against the run (names, shapes, optimizer, files present and whole) before anything is written;
+then reads into the run; then stage 3 gathers its persistent parameters again."""
 import os
 import time
 
 import torch
 
-from zeroshard import _C
-from zeroshard.checkpoint.collective import raise_if_failed
-from zeroshard.checkpoint.layout import RunView, decode_client_state, tensor_name
-from zeroshard.checkpoint.sources import open_source
+from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed
+from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
+from zeroshard.checkpoint.sources import find_checkpoint, open_source
 from zeroshard.log import log_rank0
 
-CK = _C.checkpoint
+_PARTIAL = ("; the engine now holds a partial load: load a complete checkpoint before training on")
 
 
-def _find(load_dir, tag, rank):
-    """The tag's directory, or None (DeepSpeed's answer) when load_dir has no `latest` and no tag."""
-    load_dir = os.fspath(load_dir)
-    if not os.path.isdir(load_dir):
-        raise FileNotFoundError(f"load_checkpoint: {load_dir} is not a directory")
-    if tag is None:
-        tag = CK.read_latest(load_dir)
-        if tag is None:
-            log_rank0(f"warning: load_checkpoint: {load_dir} has no 'latest' file, so there is no "
-                      "checkpoint to resume; nothing was loaded (pass tag=... to name one)", rank)
-            return None, None
-    path = CK.find_checkpoint_dir(load_dir, str(tag))
-    if path is None:
-        tags = sorted(e for e in os.listdir(load_dir)
-                      if os.path.isdir(os.path.join(load_dir, e)) and not e.startswith("."))
-        raise FileNotFoundError(f"load_checkpoint: tag {str(tag)!r}: {os.path.join(load_dir, str(tag))} does "
-                                f"not exist (checkpoints there: {', '.join(tags) or 'none'})")
-    return path, str(tag)
-
-
-def _check_names(run, layout, strict):
-    """Names (and whole shapes) the model and the checkpoint do not share: an error under strict,
-    a warning listing them otherwise; returns the names to skip."""
-    saved = {p["name"]: p["shape"] for p in layout["params"]}
+def _check_names(run, source, layout, strict):
+    """Names and shapes of parameters and buffers that the model and the checkpoint do not share: an
+    error under strict, a warning listing them otherwise; returns the names to skip."""
+    saved = {p["name"]: list(p["shape"]) for p in layout["params"]}
+    saved.update((n, list(source.shape(buffer_key(n)))) for n in layout["buffers"] if source.has(buffer_key(n)))
     mine = dict(zip(run.names, run.shapes))
     mine.update((n, list(p.shape)) for n, p in run.loose)
+    mine.update((n, list(b.shape)) for n, b in run.buffers)
     missing = [n for n in mine if n not in saved]
     if layout.get("frozen_excluded"):  # frozen parameters were left out on purpose
-        frozen = set(n for n, t in zip(run.names, run.trainable) if not t)
+        frozen = {n for n, t in zip(run.names, run.trainable) if not t}
         frozen |= {n for n, p in run.loose if not p.requires_grad}
         missing = [n for n in missing if n not in frozen]
     unexpected = [n for n in saved if n not in mine]
-    wrong = [f"{n} (checkpoint {saved[n]}, model {mine[n]})" for n in mine
-             if n in saved and list(saved[n]) != list(mine[n])]
+    wrong = [n for n in mine if n in saved and saved[n] != list(mine[n])]
     problems = []
     if missing:
         problems.append(f"missing from the checkpoint: {', '.join(missing[:8])}")
     if unexpected:
         problems.append(f"not in the model: {', '.join(unexpected[:8])}")
     if wrong:
-        problems.append(f"shapes differ: {', '.join(wrong[:8])}")
+        problems.append("shapes differ: " + ", ".join(f"{n} (checkpoint {saved[n]}, model {list(mine[n])})"
+                                                      for n in wrong[:8]))
     if problems and strict:
-        raise ValueError("load_checkpoint: the model's parameters and the checkpoint's differ; "
+        raise ValueError("load_checkpoint: the model's parameters and buffers and the checkpoint's differ; "
                          + "; ".join(problems) + " (load_module_strict=False loads the rest)")
     if problems:
         log_rank0("warning: load_checkpoint (load_module_strict=False) skips " + "; ".join(problems), run.rank)
-    return set(missing) | {n for n in mine if n in saved and list(saved[n]) != list(mine[n])}
+    return set(missing) | set(wrong)
 
 
-def _source_of(source, kind, name, same_dtype):
-    """Which stored tensor fills `kind` of parameter `name`."""
-    master, param = f"master/{name}", f"param/{name}"
-    if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
-        return param if same_dtype or not source.has(master) else master
-    if kind == "master":
-        return master if source.has(master) else param
-    return tensor_name(kind, name)
-
-
-def _check_optimizer(run, source, layout):
+def _check_optimizer(engine, run, source, layout):
     """Loading optimizer state needs the same optimizer: another one's state names (or, for a
-    zeroshard checkpoint, its type) are an error before anything is read."""
+    zeroshard checkpoint, its type), or another number of parameter groups, are an error."""
     saved = layout["optimizer"]
     same_states = list(saved["state_names"]) == list(run.core.state_names)
     same_type = source.kind != "zeroshard" or saved["type"] == run.core.optimizer_type
@@ -85,36 +61,52 @@ def _check_optimizer(run, source, layout):
                          f"(state {', '.join(saved['state_names']) or 'none'}), this run uses "
                          f"{run.core.optimizer_type} (state {', '.join(run.core.state_names) or 'none'}); "
                          "pass load_optimizer_states=False to load the weights only")
+    groups = source.section("param_groups")
+    if groups is not None and len(groups) != len(engine.optimizer.param_groups):
+        raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
+                         f"{len(engine.optimizer.param_groups)}; pass load_optimizer_states=False to load "
+                         "the weights only")
+
+
+def _source_of(source, kind, name, same_dtype):
+    """Which stored tensor fills `kind` of parameter `name`."""
+    master, param = tensor_name("master", name), tensor_name("param", name)
+    if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
+        return param if same_dtype or not source.has(master) else master
+    if kind == "master":
+        return master if source.has(master) else param
+    return tensor_name(kind, name)
+
+
+def _has_states(run, source):
+    return any(source.has(tensor_name(k, n)) for k in run.core.state_names
+               for n, t in zip(run.names, run.trainable) if t)
 
 
 def _load_weights(run, source, skip, load_states):
-    has_states = any(source.has(tensor_name(k, n)) for k in run.core.state_names
-                     for n, t in zip(run.names, run.trainable) if t)
+    """Everything the run holds, read into its live storage (no collective)."""
     same_dtype = source.section("layout")["dtype"] == run.dtype_name
-    for kind, index, begin, values, _ in run.core.shard_entries(load_states and has_states):
+    if load_states and not _has_states(run, source):
+        run.core.drop_optimizer_state()  # saved before its first step: so is this run now
+        load_states = False
+    for kind, index, begin, values, _ in run.core.shard_entries(load_states):
         name = run.names[index]
-        if name in skip:
+        if name in skip or (kind not in ("param", "master") and not load_states):
             continue
         src = _source_of(source, kind, name, same_dtype)
-        if kind not in ("param", "master") and not load_states:
-            continue
         if not source.has(src):
             if kind == "param" and not run.trainable[index]:
                 continue  # a frozen parameter left out of the checkpoint (exclude_frozen_parameters)
-            raise ValueError(f"load_checkpoint: the checkpoint has no {src!r}: it was saved with the "
-                             f"{source.section('layout')['optimizer']['type']} optimizer, this run uses "
-                             f"{run.core.optimizer_type} (pass load_optimizer_states=False to load the "
-                             "weights only)")
+            raise ValueError(f"load_checkpoint: {source.path} has no {src!r}")
         with torch.no_grad():
             source.read(src, begin, values)
     with torch.no_grad():
         for name, p in run.loose:
-            if name not in skip and source.has(f"param/{name}"):
-                source.read(f"param/{name}", 0, p.data)
+            if name not in skip and source.has(tensor_name("param", name)):
+                source.read(tensor_name("param", name), 0, p.data)
         for name, b in run.buffers:
-            if source.has(f"buffer/{name}"):
-                source.read(f"buffer/{name}", 0, b)
-    run.core.after_load()
+            if name not in skip:
+                source.read(buffer_key(name), 0, b)
 
 
 def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_states):
@@ -129,9 +121,6 @@ def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_st
     run.core.state.load_state_dict(saved)
     groups = decode_client_state(source.section("param_groups"))
     if load_optimizer_states and groups is not None:
-        if len(groups) != len(engine.optimizer.param_groups):
-            raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this "
-                             f"run {len(engine.optimizer.param_groups)}")
         for mine, theirs in zip(engine.optimizer.param_groups, groups):
             for key, value in theirs.items():
                 if key in mine:
@@ -146,6 +135,19 @@ def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_st
                              "load_lr_scheduler_states=False to keep this run's schedule") from e
 
 
+def _agreed_checkpoint(run, load_dir, tag):
+    """Rank 0 finds the tag (following `latest`); every rank gets it. None: no `latest`."""
+    found, error = None, None
+    try:
+        if run.rank == 0:
+            _, found = find_checkpoint(load_dir, tag)
+    except Exception as e:  # noqa: BLE001 - every rank raises it below
+        error = e
+    raise_if_failed(run, error, f"load_checkpoint: finding the checkpoint in {os.fspath(load_dir)}")
+    found = broadcast_text(run, found or "", "load_checkpoint: the tag")
+    return found or None
+
+
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
     run = RunView.of(engine)
@@ -158,29 +160,38 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         raise ValueError("checkpoint.load_universal: DeepSpeed universal checkpoints (ds_to_universal "
                          "output) are not read; zeroshard checkpoints load at any world size and stage "
                          "as they are, and DeepSpeed ZeRO checkpoints are read directly: set it false")
-    path, tag = _find(load_dir, tag, run.rank)
-    if path is None:
+    load_dir = os.fspath(load_dir)
+    tag = _agreed_checkpoint(run, load_dir, tag)
+    if tag is None:
+        log_rank0(f"warning: load_checkpoint: {load_dir} has no 'latest' file, so there is no checkpoint "
+                  "to resume; nothing was loaded (pass tag=... to name one)", run.rank)
         return None, None
     t0 = time.perf_counter()
-    error = None
-    try:
+    states = load_optimizer_states and not load_module_only
+    path, error = os.path.join(load_dir, tag), None
+    try:  # everything checked before anything is written
+        path, _ = find_checkpoint(load_dir, tag)
         source = open_source(path)
+        source.open_all()
         layout = source.section("layout")
-        skip = _check_names(run, layout, load_module_strict)
-        states = load_optimizer_states and not load_module_only
+        skip = _check_names(run, source, layout, load_module_strict)
         if states:
-            _check_optimizer(run, source, layout)
+            _check_optimizer(engine, run, source, layout)
+    except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
+        error = e
+    raise_if_failed(run, error, f"load_checkpoint: checking {path}", consequence="; nothing was loaded")
+    try:
         _load_weights(run, source, skip, states)
         if not load_module_only:
             _load_state(engine, run, source, states, load_lr_scheduler_states)
-        client = source.section("client_state") or {}
-        client = decode_client_state(client, source.read_whole)
-    except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
+        client = decode_client_state(source.section("client_state") or {}, source.read_whole)
+    except Exception as e:  # noqa: BLE001
         error = e
-    raise_if_failed(run, error, f"load_checkpoint: reading {path}")
+    raise_if_failed(run, error, f"load_checkpoint: reading {path}", consequence=_PARTIAL)
+    run.core.after_load()  # a collective at stage 3: only once every rank has read
     if (layout["world_size"], layout["zero_stage"], layout["dtype"]) != (run.world, run.stage, run.dtype_name):
         log_rank0(f"load_checkpoint: resharded a {source.kind} checkpoint saved at world "
                   f"{layout['world_size']}, ZeRO stage {layout['zero_stage']}, {layout['dtype']} to world "
                   f"{run.world}, stage {run.stage}, {run.dtype_name}", run.rank)
     log_rank0(f"load_checkpoint: {path} loaded in {time.perf_counter() - t0:.2f} s", run.rank)
-    return os.path.join(os.fspath(load_dir), tag), client
+    return os.path.join(load_dir, tag), client

@@ -61,13 +61,14 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
                     exclude_frozen_parameters=False):
     run = RunView.of(engine)
     settings = engine._settings["checkpoint"]
-    if settings["use_node_local_storage"] and int(os.environ.get("LOCAL_SIZE", run.world)) != run.world:
+    local_size = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")  # ours, torchrun's
+    if settings["use_node_local_storage"] and int(local_size or run.world) != run.world:
         raise ValueError("checkpoint.use_node_local_storage: true needs every rank on one node here: a "
                          "zeroshard checkpoint is one directory every rank writes and reads (which is "
                          "what lets it reshard); put save_dir on storage all nodes share, and set it false")
     tag = f"global_step{run.core.state.global_steps}" if tag is None else str(tag)
-    CK.validate_tag(tag)
     tag = _agreed_tag(run, tag, settings["tag_validation"])
+    CK.validate_tag(tag)  # the same tag on every rank now, so the same verdict
     save_dir = os.fspath(save_dir)
     t0 = time.perf_counter()
 
@@ -115,7 +116,9 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         except Exception as e:  # noqa: BLE001
             staged.abort()
             error = e
-    raise_if_failed(run, error, "save_checkpoint: committing " + os.path.join(save_dir, tag), None, _UNCHANGED)
+    # The message says what is in place: before the rename nothing moved; after it, only `latest`
+    # may lag (runtime/checkpoint/atomic_dir.h).
+    raise_if_failed(run, error, "save_checkpoint: committing " + os.path.join(save_dir, tag))
     seconds = time.perf_counter() - t0
     log_rank0(f"save_checkpoint: {os.path.join(save_dir, tag)} written by {run.world} rank(s) in "
               f"{seconds:.2f} s", run.rank)

@@ -7,22 +7,45 @@ import os
 import torch
 
 from zeroshard import _C
+from zeroshard.checkpoint.layout import buffer_key, tensor_name
 from zeroshard.checkpoint_import.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
 
 
-# safetensors' dtype names (what manifest.json records) -> torch dtypes.
-TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                 "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-                 "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64}
+# safetensors' dtype names (what manifest.json records) -> torch dtypes: runtime/checkpoint's table.
+TORCH_DTYPES = dict(_C.checkpoint.safetensors_dtypes())
+
+
+def tags_in(load_dir):
+    return sorted(e for e in os.listdir(load_dir)
+                  if os.path.isdir(os.path.join(load_dir, e)) and not e.startswith("."))
+
+
+def find_checkpoint(load_dir, tag=None):
+    """(directory, tag) of checkpoint `tag` in `load_dir`, the tag read from `load_dir/latest` when
+    None (zeroshard and DeepSpeed both write it); (None, None) when there is no `latest`. A missing
+    load_dir or tag is a FileNotFoundError that lists the tags there."""
+    load_dir = os.fspath(load_dir)
+    if not os.path.isdir(load_dir):
+        raise FileNotFoundError(f"{load_dir}: no such checkpoint directory")
+    named_by = ""
+    if tag is None:
+        tag = _C.checkpoint.read_latest(load_dir)
+        if tag is None:
+            return None, None
+        named_by = f", named by {os.path.join(load_dir, 'latest')}"
+    path = _C.checkpoint.find_checkpoint_dir(load_dir, str(tag))
+    if path is None:
+        raise FileNotFoundError(f"{os.path.join(load_dir, str(tag))}: no such checkpoint (tag {str(tag)!r}"
+                                f"{named_by}); checkpoints there: {', '.join(tags_in(load_dir)) or 'none'}")
+    return path, str(tag)
 
 
 class NativeSource:
     kind = "zeroshard"
 
-    def __init__(self, path):
+    def __init__(self, path, verify_before_writing=True):
         self.path = path
-        self.reader = _C.checkpoint.CheckpointReader(path)
+        self.reader = _C.checkpoint.CheckpointReader(path, verify_before_writing)
         manifest = self.reader.manifest
         self._shapes = {name: shape for name, shape, _ in manifest.tensors()}
         self._dtypes = {name: dtype for name, _, dtype in manifest.tensors()}
@@ -30,6 +53,9 @@ class NativeSource:
 
     def has(self, name):
         return name in self._shapes
+
+    def open_all(self):
+        self.reader.open_all()
 
     def shape(self, name):
         return self._shapes[name]
@@ -62,14 +88,17 @@ class DeepSpeedSource:
         self._sections = self.ds.sections()
         self._names = set()
         for n in self.ds.param_names:
-            self._names.add(f"param/{n}")
+            self._names.add(tensor_name("param", n))
             if n not in self.ds.frozen_names:
-                self._names.add(f"master/{n}")
-                self._names.update(f"optim/{s}/{n}" for s in self.ds.optimizer_state_names)
-        self._names.update(f"buffer/{n}" for n in getattr(self.ds, "buffer_names", []))
+                self._names.add(tensor_name("master", n))
+                self._names.update(tensor_name(s, n) for s in self.ds.optimizer_state_names)
+        self._names.update(buffer_key(n) for n in getattr(self.ds, "buffer_names", []))
 
     def has(self, name):
         return name in self._names
+
+    def open_all(self):  # every file was read whole when opened
+        pass
 
     def shape(self, name):
         return list(self._full(name).shape)
@@ -132,10 +161,15 @@ class DeepSpeedSource:
         raise KeyError(name)
 
 
-def open_source(path):
-    """The checkpoint in directory `path`: zeroshard's (manifest.json) or DeepSpeed's (*.pt)."""
+def is_checkpoint(path):
+    return os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)) or is_deepspeed_checkpoint(path)
+
+
+def open_source(path, verify_before_writing=True):
+    """The checkpoint in directory `path`: zeroshard's (manifest.json) or DeepSpeed's (*.pt).
+    `verify_before_writing`: see CheckpointReader (false only where the destination is scratch)."""
     if os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)):
-        return NativeSource(path)
+        return NativeSource(path, verify_before_writing)
     if is_deepspeed_checkpoint(path):
         return DeepSpeedSource(path)
     listing = ", ".join(sorted(os.listdir(path))[:8]) or "nothing"

@@ -1,6 +1,6 @@
 """Readers for checkpoints written by other runtimes, so that a run moving to zeroshard keeps its state.
 Pure Python + torch: nothing here imports the other runtime or zeroshard's C++ extension."""
 from zeroshard.checkpoint_import.deepspeed import (  # noqa: F401
-    DeepSpeedCheckpoint, find_deepspeed_checkpoint, is_deepspeed_checkpoint)
+    DeepSpeedCheckpoint, is_deepspeed_checkpoint)
 
-__all__ = ["DeepSpeedCheckpoint", "find_deepspeed_checkpoint", "is_deepspeed_checkpoint"]
+__all__ = ["DeepSpeedCheckpoint", "is_deepspeed_checkpoint"]

@@ -10,7 +10,9 @@ import zipfile
 
 import torch
 
-__all__ = ["DeepSpeedCheckpoint", "find_deepspeed_checkpoint", "is_deepspeed_checkpoint", "load_file",
+from zeroshard.dtypes import PRECISION_OF
+
+__all__ = ["DeepSpeedCheckpoint", "is_deepspeed_checkpoint", "load_file",
            "ALLOWED_GLOBALS"]
 
 # mp_rank_00_model_states.pt (stage 0-2), zero_pp_rank_<dp>_mp_rank_00_model_states.pt (stage 3),
@@ -58,7 +60,6 @@ _ENGINE_KEYS = {
     "checkpoint_parallel_dimensions", "ds_config", "ds_version", "universal_checkpoint_info",
     "num_experts", "ds_autoep_layers", "autoep_layers",
 }
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _GLOBAL_IN_ERROR_RE = re.compile(r"GLOBAL ([\w.]+)")
 
 
@@ -106,25 +107,6 @@ def is_deepspeed_checkpoint(path):
     return os.path.isfile(path) and known(os.path.basename(path))
 
 
-def find_deepspeed_checkpoint(load_dir, tag=None):
-    """`load_dir/<tag>`, with tag read from `load_dir/latest` when not given, as DeepSpeed's
-    load_checkpoint does; None when there is no `latest` (DeepSpeed then loads nothing)."""
-    latest = os.path.join(load_dir, "latest")
-    source = ""
-    if tag is None:
-        if not os.path.isfile(latest):
-            return None
-        with open(latest) as f:
-            tag = f.read().strip()
-        if not tag:
-            raise ValueError(f"{latest}: empty; expected the tag of the last checkpoint, e.g. global_step100")
-        source = f", named by {latest}"
-    path = os.path.join(load_dir, str(tag))
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint directory (tag {tag!r}{source})")
-    return path
-
-
 class _Slot:
     """Where one trainable parameter lives: flat group, offset (in the group's concatenation over ranks
     for stages 1/2, inside each rank's partition for stage 3), shape."""
@@ -160,7 +142,7 @@ class DeepSpeedCheckpoint:
         optims = [n for n in names if OPTIM_FILE_RE.match(n)]
         if not models:
             hint = (" It holds a `latest` file: pass the tag directory it names, or use "
-                    "find_deepspeed_checkpoint()." if "latest" in names else "")
+                    "zeroshard.checkpoint.sources.find_checkpoint()." if "latest" in names else "")
             raise FileNotFoundError(f"{ckpt_dir}: not a DeepSpeed checkpoint directory: no *_model_states.pt "
                                     f"file.{hint}")
         other = [n for n in names if n.startswith(("expp_rank_", "layer_"))]
@@ -287,11 +269,11 @@ class DeepSpeedCheckpoint:
         self.shared_params = dict(self._shared)  # tied name -> the parameter it shares
         trainable = next(iter(self._slots), None)
         module_dtype = module[trainable].dtype if trainable in module else torch.float32
-        if module_dtype not in _DTYPE_NAMES:
+        if module_dtype not in PRECISION_OF:
             raise ValueError(f"{self.path}: parameter {trainable} has dtype {module_dtype}; expected float32, "
                              "bfloat16 or float16")
         self._module_dtype = module_dtype
-        self.dtype = _DTYPE_NAMES[module_dtype]
+        self.dtype = PRECISION_OF[module_dtype]
         first_state = self._rank_state(0, 0)
         self.optimizer_state_names = [k for k, v in first_state.items() if torch.is_tensor(v) and v.dim() > 0]
 

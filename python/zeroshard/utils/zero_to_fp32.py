@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from zeroshard import _C
-from zeroshard.checkpoint.sources import TORCH_DTYPES, open_source
-from zeroshard.checkpoint_import.deepspeed import is_deepspeed_checkpoint
+from zeroshard.checkpoint.layout import buffer_key, tensor_name
+from zeroshard.checkpoint.sources import TORCH_DTYPES, is_checkpoint, open_source, tags_in
+from zeroshard.checkpoint.sources import find_checkpoint as find_source
+from zeroshard.dtypes import PRECISIONS
 
 CK = _C.checkpoint
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # torch dtype -> the safetensors header's name for it
 _ST_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -32,35 +33,17 @@ _SHARD_FILE_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
 # ----- finding the checkpoint ---------------------------------------------------------------------
 
-def _is_checkpoint(path):
-    return os.path.isfile(os.path.join(path, CK.MANIFEST)) or is_deepspeed_checkpoint(path)
-
-
-def _tags_in(save_dir):
-    return sorted(e for e in os.listdir(save_dir)
-                  if not e.startswith(".") and os.path.isdir(os.path.join(save_dir, e)))
-
-
 def find_checkpoint(checkpoint_dir, tag=None):
     """The directory of checkpoint `tag` in save_dir `checkpoint_dir` (tag from its `latest` file when
     None). A tag directory itself is accepted too when no tag is given."""
     save_dir = os.fspath(checkpoint_dir)
-    if not os.path.isdir(save_dir):
-        raise FileNotFoundError(f"{save_dir}: no such checkpoint directory")
-    named_by = ""
-    if tag is None:
-        tag = CK.read_latest(save_dir)
-        if tag is None:
-            if _is_checkpoint(save_dir):
-                return save_dir
-            raise FileNotFoundError(f"{save_dir}: no 'latest' file naming the checkpoint to consolidate; pass "
-                                    f"a tag (checkpoints there: {', '.join(_tags_in(save_dir)) or 'none'})")
-        named_by = f", named by {os.path.join(save_dir, 'latest')}"
-    path = CK.find_checkpoint_dir(save_dir, str(tag))
+    path, _ = find_source(save_dir, tag)
     if path is None:
-        raise FileNotFoundError(f"{os.path.join(save_dir, str(tag))}: no such checkpoint (tag {str(tag)!r}"
-                                f"{named_by}); checkpoints there: {', '.join(_tags_in(save_dir)) or 'none'}")
-    if not _is_checkpoint(path):
+        if is_checkpoint(save_dir):
+            return save_dir
+        raise FileNotFoundError(f"{save_dir}: no 'latest' file naming the checkpoint to consolidate; pass "
+                                f"a tag (checkpoints there: {', '.join(tags_in(save_dir)) or 'none'})")
+    if not is_checkpoint(path):
         listing = ", ".join(sorted(os.listdir(path))[:8]) or "nothing"
         raise FileNotFoundError(f"{path}: not a checkpoint: no {CK.MANIFEST} (zeroshard) and no "
                                 f"*_model_states.pt (DeepSpeed); it holds {listing}")
@@ -93,15 +76,15 @@ class Consolidated:
     without reading any data; read(entry) reads one."""
 
     def __init__(self, checkpoint_dir, tag=None, dtype="fp32", exclude_frozen_parameters=False):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: got {dtype!r}, expected one of {', '.join(DTYPES)}")
+        if dtype not in PRECISIONS:
+            raise ValueError(f"dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
         self.path = find_checkpoint(checkpoint_dir, tag)
-        self.source = open_source(self.path)
+        self.source = open_source(self.path, verify_before_writing=False)  # scratch buffers
         layout = self.source.section("layout")
         if layout is None:
             raise ValueError(f"{self.path}: its manifest has no 'layout' section (written by a zeroshard older "
                              "than checkpoints, or not by zeroshard)")
-        self.dtype = DTYPES[dtype]
+        self.dtype = PRECISIONS[dtype]
         self._buffers = {}  # dtype -> flat tensor reused by read(reuse=True)
         self.entries = self._plan(layout, exclude_frozen_parameters)
 
@@ -110,13 +93,13 @@ class Consolidated:
         return Entry(name, key, tuple(int(d) for d in shape), stored_dtype, out)
 
     def _plan(self, layout, exclude_frozen):
-        model_dtype = DTYPES[layout["dtype"]]
+        model_dtype = PRECISIONS[layout["dtype"]]
         entries, by_name = [], {}
         for p in layout["params"]:
             name, trainable = p["name"], p["trainable"]
             if exclude_frozen and not trainable:
                 continue
-            master, param = f"master/{name}", f"param/{name}"
+            master, param = tensor_name("master", name), tensor_name("param", name)
             if self.source.has(master):  # fp32 masters of a 16-bit run: the exact values
                 entry = self._entry(name, master, p["shape"], torch.float32)
             elif self.source.has(param):
@@ -129,7 +112,7 @@ class Consolidated:
             entries.append(entry)
             by_name[name] = entry
         for name in layout.get("buffers", []):
-            key = f"buffer/{name}"
+            key = buffer_key(name)
             if not self.source.has(key):
                 raise ValueError(f"{self.path}: buffer {name!r} is in the layout but {key!r} is not stored")
             entries.append(self._entry(name, key, self.source.shape(key), self.source.dtype(key)))
@@ -388,7 +371,7 @@ def _parser():
     p.add_argument("checkpoint_dir", help="the save_dir passed to save_checkpoint (holds `latest` and the tags)")
     p.add_argument("output_dir", help="where model.safetensors (or its shards and index) go; created if needed")
     p.add_argument("--tag", default=None, help="checkpoint tag (default: the one `latest` names)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+    p.add_argument("--dtype", choices=list(PRECISIONS), default="fp32",
                    help="floating-point dtype to write (default fp32; integer buffers keep theirs)")
     p.add_argument("--max-shard-size", default="5GB",
                    help="largest file before the weights are split into shards (default 5GB; 2GiB, 500MB, bytes)")
