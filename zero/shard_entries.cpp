@@ -30,6 +30,7 @@ std::vector<ShardEntry> shard_entries(const std::vector<FlatGroup*>& groups,
     FlatGroup& g = *groups[gi];
     OptimizerShard& shard = *shards[gi];
     const bool state = with_state || shard.has_state();
+    if (state) shard.state();  // created on every rank, also one that owns no tensor of the group
     for (int64_t i = 0; i < g.num_tensors(); ++i, ++index) {
       add_model_copy(g, i, index, out);
       const auto piece = g.owned_piece(i);

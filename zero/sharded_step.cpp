@@ -168,6 +168,9 @@ StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t sampl
     // that safe_set_full_optimizer_state created before the first step is continued from.
     scalars[g].fresh_state = !shards_[g]->has_state();
   }
+  // Every rank holds state after a step, also one whose owned range of a group is padding only
+  // (the per-tensor path creates it only for owned pieces), so collectives over it line up.
+  for (OptimizerShard* shard : shards_) shard->state();
   double local_sum_sq = 0.0;
   if (row_.tensor_norms) {
     apply_per_tensor(hypers, scalars);
