@@ -9,7 +9,6 @@ from zeroshard import _C
 from zeroshard.dtypes import PRECISION_OF
 
 
-
 def tensor_name(kind: str, name: str) -> str:
     """The checkpoint's name for one parameter's `kind` ("param", "master" or a state name)."""
     if kind in ("param", "master"):

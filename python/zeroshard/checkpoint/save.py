@@ -5,7 +5,6 @@ previous checkpoint and `latest` as they were, and every rank raises an error na
 import os
 import time
 
-
 import zeroshard
 from zeroshard import _C
 from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed, same_on_every_rank
@@ -13,8 +12,6 @@ from zeroshard.checkpoint.layout import RunView, encode_client_state, encode_val
 from zeroshard.log import log_rank0
 
 CK = _C.checkpoint
-
-
 _UNCHANGED = "; nothing was committed, the previous checkpoint and 'latest' are unchanged"
 
 
