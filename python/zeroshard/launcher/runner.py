@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,11 +24,13 @@ if not __package__:  # run by path: load this folder as a package, skipping zero
 from . import backends
 from .backends import Job
 from .devices import local_gpu_ids
+from .discovery import DEFAULT_MASTER_PORT
 from .envfile import EnvFileError, collect_exports
 from .hostfile import HostfileError, parse_hostfile, select_resources
 from .nodes import NodeProcess, run_nodes
 
 DEFAULT_HOSTFILE = "/job/hostfile"
+DEFAULT_PORT = int(DEFAULT_MASTER_PORT)  # for nodes that must agree on one without talking
 LAUNCHERS = ("ssh", "pdsh", "openmpi", "slurm")
 
 
@@ -49,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_gpus", "--num_accelerators", dest="num_gpus", type=int, default=-1,
                    help="ranks per host (slots 0..N-1); without GPUs, N CPU processes per host")
     p.add_argument("--master_addr", default="", help="rank 0's address (found when absent)")
-    p.add_argument("--master_port", type=int, default=29500)
+    p.add_argument("--master_port", type=int, default=None,
+                   help=f"rendezvous port (default: a free one for a run on this machine alone, "
+                        f"{DEFAULT_PORT} across nodes)")
     p.add_argument("--node_rank", type=int, default=-1, help="this node's index, with --no_ssh")
     p.add_argument("--no_ssh", action="store_true",
                    help="run only this node's ranks (the same command runs on every node)")
@@ -124,6 +129,22 @@ def find_master_addr(job: Job, host: str) -> str:
     return addrs[0]
 
 
+def _rendezvous_port(asked: int | None, alone: bool) -> int:
+    """The port rank 0's store listens on. On this machine alone: a free one when none was asked
+    for, and an asked-for port that something already holds is an error naming it."""
+    if not alone:
+        return DEFAULT_PORT if asked is None else asked
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
+        try:
+            s.bind(("", 0 if asked is None else asked))
+        except OSError as e:
+            raise LaunchError(f"--master_port {asked}: the port is in use on this machine ({e.strerror}; "
+                              "another job's rendezvous?); pass a free port, or leave --master_port out "
+                              "and a free one is picked") from None
+        return s.getsockname()[1]
+
+
 def _need(program: str, launcher: str) -> None:
     if shutil.which(program) is None:
         raise LaunchError(f"--launcher {launcher} needs `{program}` on PATH, and it is not there")
@@ -139,7 +160,8 @@ def plan(args: argparse.Namespace) -> tuple[list[NodeProcess], list[str]]:
     cwd = os.getcwd()
     job = Job(python=sys.executable, script=args.user_script, script_args=list(args.user_args),
               cwd=cwd, exports=collect_exports(dict(os.environ), cwd), master_addr=args.master_addr,
-              master_port=args.master_port, module=args.module, no_python=args.no_python,
+              master_port=DEFAULT_PORT if args.master_port is None else args.master_port,
+              module=args.module, no_python=args.no_python,
               no_local_rank=args.no_local_rank, each_rank_log=args.enable_each_rank_log,
               bind_cores_to_rank=args.bind_cores_to_rank,
               launcher_args=shlex.split(args.launcher_args), ssh_port=args.ssh_port)
@@ -155,6 +177,10 @@ def plan(args: argparse.Namespace) -> tuple[list[NodeProcess], list[str]]:
     hosts = list(resources)
     multi = (len(hosts) > 1 or args.force_multi) and not args.no_ssh
 
+    # One machine alone picks a free port, as torchrun --standalone does; nodes must agree, so
+    # they take the default unless told otherwise.
+    alone = not multi and not args.no_ssh
+    job.master_port = _rendezvous_port(args.master_port, alone)
     if not multi:  # this machine runs (its share of) the ranks itself, without ssh
         node_rank = args.node_rank if args.no_ssh else 0
         if node_rank >= len(hosts):

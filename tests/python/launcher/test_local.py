@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -150,3 +151,29 @@ def test_python_dash_m_entry_point_without_hostfile(job_dir):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "no hostfile at /job/hostfile" in r.stderr and sorted(records(job_dir)) == [0, 1]
+
+
+def test_a_free_rendezvous_port_is_picked_and_a_busy_one_is_named(job_dir):
+    """Without --master_port a run on this machine takes a free port, even while another job holds
+    the default 29500; a --master_port something holds is one line naming it and the flag."""
+    (job_dir / "hostfile").write_text("localhost slots=2\n")
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        try:
+            holder.bind(("", 29500))
+            held = 29500
+        except OSError:  # something here holds 29500 already: that is the case under test too
+            holder.bind(("", 0))
+            held = holder.getsockname()[1]
+        holder.listen(1)
+        r = run_launcher(["-H", "hostfile", str(SCRIPTS / "ranks.py")], job_dir, timeout=60)
+        assert r.returncode == 0, r.stderr
+        ports = {rec["env"]["MASTER_PORT"] for rec in records(job_dir).values()}
+        assert len(ports) == 1 and ports != {"29500"}, ports
+        r = run_launcher(["-H", "hostfile", "--master_port", str(held), str(SCRIPTS / "ranks.py")], job_dir,
+                         timeout=60)
+        assert r.returncode != 0
+        assert f"--master_port {held}: the port is in use on this machine" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+    finally:
+        holder.close()
