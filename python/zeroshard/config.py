@@ -53,3 +53,33 @@ def load_config(args=None, config=None, config_params=None):
                          "--deepspeed_config <path>")
     text, source = _text_and_source(config)
     return _C.parse_config(text, source)
+
+
+def _flat(value, prefix=""):
+    if isinstance(value, dict) and value:
+        out = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def config_changes(config) -> list:
+    """`key: value` for every key of the resolved config whose value is not the default one (dotted
+    paths, in the config's order): what the start-up line shows instead of the whole config."""
+    resolved = json.loads(config.resolved_json())
+    mine = _flat(resolved)
+    # The optimizer's and scheduler's own defaults count as defaults: compare with a config that
+    # names the same types and nothing else.
+    base = {"train_micro_batch_size_per_gpu": 1}
+    for block in ("optimizer", "scheduler"):
+        if isinstance(resolved.get(block), dict) and "type" in resolved[block]:
+            base[block] = {"type": resolved[block]["type"]}
+    try:
+        defaults = _C.parse_config(json.dumps(base), "<defaults>")
+    except Exception:  # noqa: BLE001 - a type whose params are required: compare with none
+        defaults = _C.parse_config('{"train_micro_batch_size_per_gpu": 1}', "<defaults>")
+    defaults = _flat(json.loads(defaults.resolved_json()))
+    named = {f"{block}.type" for block in base if block != "train_micro_batch_size_per_gpu"}
+    return [f"{k}: {json.dumps(v)}" for k, v in mine.items()
+            if k in named or k not in defaults or defaults[k] != v]

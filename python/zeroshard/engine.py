@@ -11,7 +11,7 @@ import torch.distributed as dist
 from zeroshard import _C
 from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm
-from zeroshard.config import load_config
+from zeroshard.config import config_changes, load_config
 from zeroshard.dataloader import make_dataloader
 from zeroshard.dtypes import PRECISIONS
 from zeroshard.log import log_rank0, logger, note_rank0
@@ -71,7 +71,13 @@ class ZeroShardEngine(torch.nn.Module):
         self._settings = s
         for note in self._config.notes:
             note_rank0(note, self.global_rank)
-        log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
+        if os.environ.get("ZEROSHARD_PRINT_CONFIG", "0") not in ("", "0"):
+            log_rank0("config in force: " + self._config.resolved_json(), self.global_rank)
+        else:
+            changes = config_changes(self._config)
+            log_rank0("config: the defaults" + (" except:" if changes else "") +
+                      "".join(f"\n  {c}" for c in changes) +
+                      "\n  (ZEROSHARD_PRINT_CONFIG=1 prints the whole resolved config)", self.global_rank)
         _C.require_buildable(self._config)  # before the model is touched
 
         self.device = comm_device()
