@@ -73,6 +73,13 @@ SafetensorsReader& CheckpointReader::reader(const std::string& file) {
   return *it->second;
 }
 
+at::Tensor CheckpointReader::staging(int64_t numel, at::ScalarType dtype) {
+  const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  // Grown, never shrunk: fresh pages for every key cost more than the read itself.
+  if (staging_.numel() < bytes) staging_ = at::empty({bytes}, at::kByte);
+  return staging_.narrow(0, 0, bytes).view(dtype);
+}
+
 void CheckpointReader::read(const std::string& name, int64_t begin, const at::Tensor& out) {
   const TensorRecord& t = manifest_.tensor(name);
   const at::ScalarType file_dtype = scalar_type_of(t.dtype);
@@ -85,14 +92,14 @@ void CheckpointReader::read(const std::string& name, int64_t begin, const at::Te
     at::Tensor dst = flat_out.narrow(0, s.dest_offset, s.file_end - s.file_begin);
     const bool direct = dst.is_cpu() && dst.is_contiguous() && dst.scalar_type() == file_dtype;
     if (checked) {  // already verified: read only the range
-      at::Tensor buf = direct ? dst : at::empty({s.file_end - s.file_begin}, at::dtype(file_dtype));
+      at::Tensor buf = direct ? dst : staging(s.file_end - s.file_begin, file_dtype);
       r.read_range(s.key, s.file_begin, s.file_end, buf);
       if (!direct) dst.copy_(buf);
       bytes_read_ += uint64_t(buf.nbytes());
       continue;
     }
     const bool into_dst = direct && whole_key && !verify_before_writing_;
-    at::Tensor key = into_dst ? dst : at::empty({key_numel}, at::dtype(file_dtype));
+    at::Tensor key = into_dst ? dst : staging(key_numel, file_dtype);
     r.read_range(s.key, 0, key_numel, key);
     bytes_read_ += uint64_t(key.nbytes());
     const uint32_t crc = crc32c(key.const_data_ptr(), size_t(key.nbytes()));

@@ -51,10 +51,13 @@ class CheckpointReader {
 
  private:
   SafetensorsReader& reader(const std::string& file);
+  // A host buffer of `numel` elements of `dtype`, reused from read to read.
+  at::Tensor staging(int64_t numel, at::ScalarType dtype);
   fs::path dir_;
   Manifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers_;
   bool verify_before_writing_;
+  at::Tensor staging_;  // bytes
   std::set<std::pair<std::string, std::string>> verified_;  // (file, key) whose CRC matched
   uint64_t bytes_read_ = 0;
 };
