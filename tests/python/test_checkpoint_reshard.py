@@ -6,6 +6,7 @@ tests/fixtures/deepspeed (and one re-saved as fp16) loaded by engine.load_checkp
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -212,30 +213,13 @@ def test_precision_changes_through_the_fp32_masters(saved_runs, capfd):
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "deepspeed")
 DS_LR, DS_BETAS = 1e-2, (0.9, 0.99)
-
-
-class TinyModel(torch.nn.Module):
-    """tests/fixtures/deepspeed/make_fixture.py's model, parameter for parameter."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Embedding(50, 12)
-        self.norm = torch.nn.LayerNorm(12)
-        self.fc1 = torch.nn.Linear(12, 25)
-        self.fc2 = torch.nn.Linear(25, 7)
-        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 7), requires_grad=False)
-        self.register_buffer("shift", torch.arange(7.0) / 100)
-
-    def forward(self, tokens):
-        x = self.norm(self.embed(tokens))
-        return self.fc2(torch.nn.functional.gelu(self.fc1(x))) * self.scale + self.shift
+sys.path.insert(0, FIXTURES)
+from make_fixture import TinyModel, param_group_names, param_groups  # noqa: E402 - the fixture's own model
 
 
 def _ds_groups(model):
     """make_fixture.py's two groups: weight decay on matrices, none on the rest."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+    return param_groups(model, param_group_names(model))
 
 
 def _ds_batch(world):
