@@ -16,9 +16,26 @@ const char* memory_category_name(MemoryCategory c) {
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::gathered_parameters: return "gathered_parameters";
     case MemoryCategory::comm_buffers: return "comm_buffers";
+    case MemoryCategory::host_parameters: return "host_parameters";
+    case MemoryCategory::host_master_weights: return "host_master_weights";
+    case MemoryCategory::host_optimizer_state: return "host_optimizer_state";
+    case MemoryCategory::host_buffers: return "host_buffers";
     case MemoryCategory::count: break;
   }
   return "unknown";
+}
+
+bool on_host(MemoryCategory c) { return c >= MemoryCategory::host_parameters && c < MemoryCategory::count; }
+
+MemoryCategory host_category(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameters: return MemoryCategory::host_parameters;
+    case MemoryCategory::master_weights: return MemoryCategory::host_master_weights;
+    case MemoryCategory::optimizer_state: return MemoryCategory::host_optimizer_state;
+    default:
+      ZS_CHECK(on_host(c), "host_category: ", memory_category_name(c), " has no host counterpart");
+      return c;
+  }
 }
 
 void MemoryAccount::add(MemoryCategory c, int64_t bytes) {
@@ -36,7 +53,13 @@ void MemoryAccount::release(MemoryCategory c, int64_t bytes) {
 
 int64_t MemoryAccount::total_bytes() const {
   int64_t total = 0;
-  for (int64_t b : current_) total += b;
+  for (size_t i = 0; i < current_.size(); ++i) total += on_host(MemoryCategory(i)) ? 0 : current_[i];
+  return total;
+}
+
+int64_t MemoryAccount::host_total_bytes() const {
+  int64_t total = 0;
+  for (size_t i = 0; i < current_.size(); ++i) total += on_host(MemoryCategory(i)) ? current_[i] : 0;
   return total;
 }
 
@@ -57,11 +80,18 @@ std::string format_bytes(int64_t bytes) {
 
 std::string MemoryAccount::summary() const {
   std::string out;
+  bool host_started = false;
   for (size_t i = 0; i < size_t(MemoryCategory::count); ++i) {
     // Categories that only some stages use are left out while empty.
     if (current_[i] == 0 && i >= size_t(MemoryCategory::gathered_parameters)) continue;
+    if (on_host(MemoryCategory(i)) && !host_started) {
+      out += " | host";
+      host_started = true;
+    }
     if (!out.empty()) out += ' ';
-    out += memory_category_name(MemoryCategory(i));
+    // After "| host" the host categories drop their prefix: "| host master_weights=...".
+    const char* name = memory_category_name(MemoryCategory(i));
+    out += on_host(MemoryCategory(i)) ? name + 5 : name;
     out += '=';
     out += format_bytes(current_[i]);
   }

@@ -14,10 +14,21 @@ enum class MemoryCategory : int {
   optimizer_state,    // optimizer moments / accumulators
   gathered_parameters,// ZeRO-3: parameters gathered for compute, released after use
   comm_buffers,       // staging buffers for gradient reduction (not model state)
+  // Host memory (CPU offload). On a CPU-only run host and device are the same memory, but the
+  // offloaded state is still a separate copy, accounted here.
+  host_parameters,    // ZeRO-3 parameter chunks held in host memory (offload_param)
+  host_master_weights,// fp32 master copy in host memory (offload_optimizer)
+  host_optimizer_state,
+  host_buffers,       // the host staging pool: gradients down, updated parameters up
   count
 };
 
 const char* memory_category_name(MemoryCategory c);
+// Whether a category counts host memory (the host_* ones) rather than the device's.
+bool on_host(MemoryCategory c);
+// The host category that holds what `c` holds on the device (parameters -> host_parameters ...);
+// `c` itself when it is a host category.
+MemoryCategory host_category(MemoryCategory c);
 
 class MemoryAccount {
  public:
@@ -25,10 +36,12 @@ class MemoryAccount {
   void release(MemoryCategory c, int64_t bytes);
   int64_t bytes(MemoryCategory c) const { return current_[idx(c)]; }
   int64_t peak_bytes(MemoryCategory c) const { return peak_[idx(c)]; }
+  // Device bytes (every category but the host_* ones), and host bytes.
   int64_t total_bytes() const;
+  int64_t host_total_bytes() const;
   int64_t peak_total_bytes() const { return peak_total_; }
   void reset_peaks();
-  // "parameters=1.2MB gradients=..." for log lines.
+  // "parameters=1.2MB gradients=..." for log lines; host categories after "| host".
   std::string summary() const;
 
  private:

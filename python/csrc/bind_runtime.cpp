@@ -160,6 +160,7 @@ void bind_runtime(py::module_& m) {
       })
       .def("reset_peaks", &MemoryAccount::reset_peaks)
       .def_property_readonly("total_bytes", &MemoryAccount::total_bytes)
+      .def_property_readonly("host_total_bytes", &MemoryAccount::host_total_bytes)
       .def("summary", &MemoryAccount::summary);
 
   // The start of a run (runtime/initial_sync.h): the engine's buffers and frozen parameters.

@@ -1,0 +1,37 @@
+// Asynchronous copies between device and host memory for offload. On a CUDA device they run on
+// a stream of their own and completion is an event: the compute stream and the host each wait
+// for exactly the copy they need, never for the whole device. On a CPU device the copy is done
+// when copy() returns (the same calls, so a CPU-only run goes through every step of the pipeline).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <memory>
+#include <optional>
+
+namespace zeroshard {
+
+// A copy's completion; null when it is complete already.
+using CopyFence = std::shared_ptr<c10::Event>;
+
+class CopyStream {
+ public:
+  explicit CopyStream(c10::Device device);
+
+  // dst <- src (equal numel, both contiguous), after the work queued on the device's current
+  // stream so far: the values src holds once that work is done are the ones copied.
+  CopyFence copy(at::Tensor dst, const at::Tensor& src);
+  // The host blocks until the copy is done: before the CPU reads a buffer copied down, or a
+  // buffer a copy reads or writes is used for something else.
+  static void wait_host(const CopyFence& fence);
+  // The device's current stream waits for it (the host does not): before compute reads values
+  // copied up.
+  void wait_device(const CopyFence& fence) const;
+
+ private:
+  c10::Device device_;
+  std::optional<c10::Stream> side_;  // CUDA (any accelerator): the copies' stream
+};
+
+}  // namespace zeroshard
