@@ -16,9 +16,11 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       full_grads_(spec.full_grads && !spec.partition_params),
       partitioned_(spec.partition_params),
       trainable_(spec.trainable),
+      params_on_host_(spec.params_on_host),
       memory_(memory) {
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no parameters");
   ZS_CHECK(trainable_ || partitioned_, "FlatGroup: only stage 3 keeps frozen parameters in a group");
+  ZS_CHECK(partitioned_ || !params_on_host_, "FlatGroup: only stage 3 keeps parameters in host memory");
   const auto& chunked = spec.prechunked_shapes;
   ZS_CHECK(chunked.empty() || chunked.size() == params.size(), "FlatGroup: ", chunked.size(),
            " chunk shapes for ", params.size(), " parameters");
@@ -40,7 +42,7 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   // Zero-filled so padding never carries garbage into norms or collectives.
   if (partitioned_) {
     owned_ = {0, chunks_.shard_numel};
-    params_ = at::zeros({owned_.numel()}, opts);
+    params_ = at::zeros({owned_.numel()}, params_on_host_ ? opts.device(at::kCPU).pinned_memory(spec.pin_host) : opts);
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t held = chunks_.held_numel(int64_t(i), rank);
       if (held == 0) continue;
@@ -66,12 +68,16 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   }
   accounted_[0] = params_.nbytes();
   accounted_[1] = grads_.defined() ? grads_.nbytes() : 0;
-  memory_.add(MemoryCategory::parameters, accounted_[0]);
+  memory_.add(params_category(), accounted_[0]);
   memory_.add(MemoryCategory::gradients, accounted_[1]);
 }
 
+MemoryCategory FlatGroup::params_category() const {
+  return params_on_host_ ? MemoryCategory::host_parameters : MemoryCategory::parameters;
+}
+
 FlatGroup::~FlatGroup() {
-  memory_.release(MemoryCategory::parameters, accounted_[0]);
+  memory_.release(params_category(), accounted_[0]);
   memory_.release(MemoryCategory::gradients, accounted_[1]);
 }
 
@@ -186,6 +192,15 @@ std::optional<Intersection> FlatGroup::owned_piece(int64_t i) const {
   const int64_t end = std::min(layout_.offsets[t] + layout_.numels[t], owned_.end);
   if (end <= begin) return std::nullopt;
   return Intersection{i, begin - owned_.begin, begin - layout_.offsets[t], end - begin};
+}
+
+at::Tensor FlatGroup::owned_grad_view(int64_t begin, int64_t numel) const {
+  if (!partitioned_) return owned_grads().narrow(0, begin, numel);
+  const auto it = std::upper_bound(segment_begins_.begin(), segment_begins_.end(), begin);
+  const size_t s = size_t(it - segment_begins_.begin()) - 1;
+  ZS_CHECK(it != segment_begins_.begin() && begin + numel <= segment_end(s) && segments_[s].defined(),
+           "FlatGroup::owned_grad_view: [", begin, ", ", begin + numel, ") is not inside a written segment");
+  return segments_[s].narrow(0, begin - segment_begins_[s], numel);
 }
 
 void FlatGroup::copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const {

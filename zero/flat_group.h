@@ -33,6 +33,10 @@ struct GroupSpec {
   // false: frozen parameters (stage 3 partitions them too): chunks only, no gradients (and no
   // optimizer shard).
   bool trainable = true;
+  // Stage 3 with offload_param: the chunks live in host memory (pinned with pin_host) and are
+  // copied to the device by each gather.
+  bool params_on_host = false;
+  bool pin_host = false;
   // zero.Init: empty, or one entry per tensor: the full shape of a tensor passed in as this
   // rank's chunk, nullopt for one passed whole (created outside zero.Init).
   std::vector<ChunkedShape> prechunked_shapes;
@@ -65,6 +69,10 @@ class FlatGroup {
   // Gradients of the owned range as one tensor (stages 0-2).
   at::Tensor owned_grads() const;
   at::TensorOptions grad_options() const { return grad_options_; }
+  // The device the model computes on, in the model dtype (where gathered parameters and
+  // gradients live, whatever params_on_host says about the chunks).
+  at::TensorOptions device_options() const { return grad_options_; }
+  bool params_on_host() const { return params_on_host_; }
 
   // Stage 3 keeps the owned gradients in segments that tile the shard (the gradient buckets'
   // ranges), each allocated when backward first writes it and freed by zero_grads(): the shard
@@ -93,12 +101,16 @@ class FlatGroup {
   // where its flat range meets the owned slice (stages 0-2), or its chunk (stage 3); nullopt
   // when it owns none.
   std::optional<Intersection> owned_piece(int64_t i) const;
+  // The owned gradients [begin, begin + numel) as a view: a slice (stages 0-2), or the part of
+  // the stage-3 segment that holds them, which backward has written (checked).
+  at::Tensor owned_grad_view(int64_t begin, int64_t numel) const;
   // Copies the owned range's gradients [begin, begin + numel) into `out`: zeros where stage 3
   // holds no segment, which this does not allocate.
   void copy_owned_grads(int64_t begin, int64_t numel, at::Tensor out) const;
 
  private:
   std::vector<at::Tensor> views(const at::Tensor& flat) const;
+  MemoryCategory params_category() const;
   // Index of the segment that starts at `begin` and has `numel` elements (checked).
   size_t segment_index(int64_t begin, int64_t numel) const;
   int64_t segment_end(size_t i) const;
@@ -111,6 +123,7 @@ class FlatGroup {
   bool full_grads_;
   bool partitioned_;
   bool trainable_;
+  bool params_on_host_;
   at::Tensor params_;
   at::Tensor grads_;                      // stages 0-2
   at::TensorOptions grad_options_;

@@ -46,7 +46,7 @@ at::Tensor FullValues::get(int64_t index, const std::string& what) {
   }
   const int64_t t = at.tensor;
   const int64_t numel = g->layout().numels[size_t(t)];
-  at::Tensor full = at::zeros({numel}, g->params().options().dtype(at::kFloat));
+  at::Tensor full = at::zeros({numel}, g->device_options().dtype(at::kFloat));
   if (grad && g->full_grads()) {  // stages 0/1: every rank holds the whole gradient
     full.copy_(g->grads().narrow(0, g->layout().offsets[size_t(t)], numel));
   } else {
@@ -56,10 +56,10 @@ at::Tensor FullValues::get(int64_t index, const std::string& what) {
         g->copy_owned_grads(piece->buffer_begin, piece->numel, dst);
       } else {
         // A frozen parameter's values are its model copy (stage 3 chunks).
-        const at::Tensor src = !at.shard ? g->owned_params()
-                               : state >= 0 ? at.shard->state()[size_t(state)]
-                                            : at.shard->master();
-        dst.copy_(src.narrow(0, piece->buffer_begin, piece->numel));
+        const int64_t b = piece->buffer_begin, n = piece->numel;
+        dst.copy_(!at.shard ? g->owned_params().narrow(0, b, n)
+                  : state >= 0 ? at.shard->state(size_t(state), b, n)
+                               : at.shard->master(b, n));
       }
     }
     // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.
@@ -86,7 +86,7 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
                                  ", parameter ", index, "'s is ", shape));
   }
   // A copy: the broadcast writes into it, and the caller's tensor stays as it was.
-  at::Tensor full = value.detach().to(g->params().options().dtype(at::kFloat), false, true)
+  at::Tensor full = value.detach().to(g->device_options().dtype(at::kFloat), false, true)
                         .contiguous().view(-1);
   // One rank's value on every rank: replicas cannot diverge where callers pass different values.
   if (comm_->world_size() > 1) {
@@ -102,9 +102,9 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
     }
     return;
   }
-  auto& states = at.shard->state();  // created now when no step has created it yet
+  at.shard->create_state();  // now when no step has created it yet
   if (const auto piece = g->owned_piece(t)) {
-    states[size_t(state)].narrow(0, piece->buffer_begin, piece->numel)
+    at.shard->state(size_t(state), piece->buffer_begin, piece->numel)
         .copy_(full.narrow(0, piece->tensor_begin, piece->numel));
   }
 }

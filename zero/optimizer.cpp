@@ -72,6 +72,23 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   spec.partition_params = strategy_->partitions_params();
   ZS_CHECK(prechunked_shapes.empty() || prechunked_shapes.size() == groups.size(),
            "ZeroOptimizer: ", prechunked_shapes.size(), " shape lists for ", groups.size(), " groups");
+  const ZeroConfig& zc = config.zero_optimization;
+  const bool offload = zc.offload_optimizer.device == "cpu";
+  const bool offload_param = zc.offload_param.device == "cpu";
+  ZS_REQUIRE(!groups.front().empty(), "ZeroOptimizer: the first parameter group has no parameters");
+  const c10::Device device = groups.front().front().device();
+  // Pinning is asked once for the run: by either offload block, as DeepSpeed pins both.
+  const bool pin = (zc.offload_optimizer.pin_memory || zc.offload_param.pin_memory) && device.is_cuda();
+  spec.params_on_host = offload_param;
+  spec.pin_host = pin;
+  if ((offload || offload_param) && optimizer_row(optimizer_.type).tensor_norms) {
+    throw ConfigError(detail::cat("zero_optimization.", offload ? "offload_optimizer" : "offload_param",
+                                  ".device: \"cpu\" with optimizer ", optimizer_.type,
+                                  ", whose per-tensor trust ratio needs every tensor whole where it "
+                                  "steps; offload supports Adam, AdamW, Adagrad, Lion and SGD"));
+  }
+  pool_ = std::make_unique<HostPool>(pin, device, memory_);
+  copies_ = std::make_unique<CopyStream>(device);
   std::vector<FlatGroup*> raw;
   for (size_t g = 0; g < groups.size(); ++g) {
     GroupSpec group_spec = spec;
@@ -80,10 +97,25 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     broadcast_from_rank0(groups[g], group_spec.prechunked_shapes);
     groups_.push_back(std::make_unique<FlatGroup>(groups[g], group_spec, memory_));
     raw.push_back(groups_.back().get());
-    shards_.push_back(make_shard(*groups_.back(), groups[g], group_spec.prechunked_shapes, optimizer_, memory_));
+  }
+  // Sub-groups over every group, so offload_optimizer.ratio counts them all (as DeepSpeed).
+  std::vector<std::vector<int64_t>> piece_begins;
+  std::vector<int64_t> owned_numels;
+  for (FlatGroup* g : raw) {
+    piece_begins.push_back(owned_piece_begins(*g));
+    owned_numels.push_back(g->owned().numel());
+  }
+  auto sub_groups = plan_sub_groups(piece_begins, owned_numels, zc.sub_group_size,
+                                    offload ? zc.offload_optimizer.ratio : 0.0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    shards_.push_back(make_shard(*groups_[g], groups[g],
+                                 prechunked_shapes.empty() ? std::vector<ChunkedShape>{} : prechunked_shapes[g],
+                                 optimizer_, std::move(sub_groups[g]), *pool_, memory_));
   }
   std::vector<OptimizerShard*> shards;
   for (const auto& s : shards_) shards.push_back(s.get());
+  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_,
+                                             offload_param ? Residency::host : Residency::device);
   ReduceOptions ro;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
@@ -96,6 +128,12 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   // A single rank communicates nothing: a copy in another dtype would only round its gradients.
   if (comm_->world_size() > 1) ro.comm_dtype = comm_dtype(config.communication_data_type);
   reducer_ = strategy_->make_reducer(raw, comm_, ro, memory_);
+  // Offloaded gradients start down to host memory as backward finalizes them.
+  if (offload) {
+    reducer_->on_final_gradients([this](int64_t g, int64_t begin, int64_t numel) {
+      runner_->gradients_final(g, begin, numel);
+    });
+  }
   if (strategy_->partitions_params()) {
     std::vector<FlatGroup*> gathered = raw;
     if (!frozen.empty()) {
@@ -114,7 +152,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     coordinator_ = std::make_unique<ParamCoordinator>(gathered, comm_, config.zero_optimization,
                                                       memory_, gathered_shards);
   }
-  step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_);
+  step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_, *runner_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,
                                               coordinator_ ? &coordinator_->gatherer() : nullptr);
 }
@@ -172,6 +210,7 @@ ParamCoordinator& ZeroOptimizer::coordinator() {
 }
 
 void ZeroOptimizer::zero_grad() {
+  runner_->forget_early_gradients();
   reducer_->zero_grad();
   full_values_->note_zero_grad();
 }

@@ -13,6 +13,8 @@
 
 #include "runtime/comm.h"
 #include "runtime/config/config.h"
+#include "runtime/copy_stream.h"
+#include "runtime/host_pool.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/training_state.h"
 #include "runtime/memory.h"
@@ -24,6 +26,7 @@
 #include "zero/shard_entries.h"
 #include "zero/sharded_step.h"
 #include "zero/strategy.h"
+#include "zero/sub_group_runner.h"
 
 namespace zeroshard {
 
@@ -52,6 +55,9 @@ class ZeroOptimizer {
   // Before each backward: whether it ends the gradient accumulation window.
   void before_backward(bool accumulation_boundary) {
     full_values_->note_backward();
+    // A window's gradients are final only after its last backward; copies from an earlier one
+    // (a backward repeated without a step) are stale.
+    if (accumulation_boundary) runner_->forget_early_gradients();
     reducer_->begin_backward(accumulation_boundary);
   }
   // Parameter `param_index`'s gradient for this backward is final (hook on the autograd thread).
@@ -85,8 +91,12 @@ class ZeroOptimizer {
   // The run's progress: counters, per-group steps, the loss scaler (checkpoints save it whole).
   TrainingState& training_state() { return state_; }
   int64_t num_buckets() const { return reducer_->num_buckets(); }
-  // fp32 master values of group g's owned range (for tests and checkpoints).
-  at::Tensor master(int64_t g) const { return shards_.at(size_t(g))->master(); }
+  // fp32 master values of group g's owned range, in one tensor (for tests).
+  at::Tensor master(int64_t g) const { return shards_.at(size_t(g))->master_values(); }
+  // Group g's sub-groups: (begin, numel, residency name) each.
+  const std::vector<SubGroup>& sub_groups(int64_t g) const { return shards_.at(size_t(g))->sub_groups(); }
+  // Where the last step's host time went (offload).
+  const StagedStepTimes& last_step_times() const { return runner_->last_times(); }
   // DeepSpeed's safe_get_full_* / safe_set_full_*.
   FullValues& full_values() { return *full_values_; }
   // What this rank holds, for checkpoints (shard_entries.h); `with_state` creates the optimizer
@@ -109,6 +119,9 @@ class ZeroOptimizer {
   Config config_;
   OptimizerConfig optimizer_;
   MemoryAccount memory_;
+  std::unique_ptr<HostPool> pool_;       // offload's host buffers (empty without offload)
+  std::unique_ptr<CopyStream> copies_;
+  std::unique_ptr<SubGroupRunner> runner_;
   std::unique_ptr<ZeroStrategy> strategy_;
   std::vector<std::unique_ptr<FlatGroup>> groups_;
   std::vector<std::unique_ptr<OptimizerShard>> shards_;  // one per group

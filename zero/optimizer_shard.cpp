@@ -9,41 +9,81 @@
 
 namespace zeroshard {
 
-OptimizerShard::OptimizerShard(at::Tensor master, bool shares_model_copy, const OptimizerRow& row,
-                               double state_init, MemoryAccount& memory)
-    : master_(std::move(master)),
-      shares_model_copy_(shares_model_copy),
+OptimizerShard::OptimizerShard(std::vector<ShardPart> parts, std::vector<SubGroup> sub_groups,
+                               const OptimizerRow& row, double state_init, MemoryAccount& memory)
+    : parts_(std::move(parts)),
+      sub_groups_(std::move(sub_groups)),
       row_(row),
       state_init_(state_init),
       memory_(memory) {
-  ZS_CHECK(master_.defined() && master_.scalar_type() == at::kFloat && master_.dim() == 1,
-           "OptimizerShard: the master values must be a flat fp32 tensor");
-  if (!shares_model_copy_) {
-    master_bytes_ = master_.nbytes();
-    memory_.add(MemoryCategory::master_weights, master_bytes_);
+  for (const ShardPart& p : parts_) {
+    ZS_CHECK(p.begin == numel_ && p.master.defined() && p.master.scalar_type() == at::kFloat &&
+                 p.master.dim() == 1 && p.master.numel() == p.numel,
+             "OptimizerShard: the parts must tile the owned range with flat fp32 masters");
+    numel_ += p.numel;
+    if (!p.shares_model_copy) memory_.add(category(p, MemoryCategory::master_weights), p.master.nbytes());
   }
+  for (const SubGroup& sg : sub_groups_) part(sg.begin, sg.numel);  // each inside one part
 }
 
 OptimizerShard::~OptimizerShard() {
-  memory_.release(MemoryCategory::master_weights, master_bytes_);
-  memory_.release(MemoryCategory::optimizer_state, state_bytes_);
+  drop_state();
+  for (const ShardPart& p : parts_) {
+    if (!p.shares_model_copy) memory_.release(category(p, MemoryCategory::master_weights), p.master.nbytes());
+  }
 }
 
-std::vector<at::Tensor>& OptimizerShard::state() {
-  if (state_.empty()) {
-    for (size_t i = 0; i < row_.state_names.size(); ++i) {
-      state_.push_back(at::full({master_.numel()}, state_init_, master_.options()));
-      state_bytes_ += state_.back().nbytes();
-    }
-    memory_.add(MemoryCategory::optimizer_state, state_bytes_);
+MemoryCategory OptimizerShard::category(const ShardPart& p, MemoryCategory device_category) const {
+  return p.residency == Residency::host ? host_category(device_category) : device_category;
+}
+
+const ShardPart& OptimizerShard::part(int64_t begin, int64_t numel) const {
+  for (const ShardPart& p : parts_) {
+    if (p.begin <= begin && begin + numel <= p.begin + p.numel) return p;
   }
-  return state_;
+  throw Error(detail::cat("OptimizerShard: range [", begin, ", ", begin + numel,
+                          ") is not inside one residency part of the owned range (", numel_, ")"));
+}
+
+ShardPart& OptimizerShard::part_mut(int64_t begin, int64_t numel) {
+  return const_cast<ShardPart&>(part(begin, numel));
+}
+
+at::Tensor OptimizerShard::master(int64_t begin, int64_t numel) const {
+  const ShardPart& p = part(begin, numel);
+  return p.master.narrow(0, begin - p.begin, numel);
+}
+
+at::Tensor OptimizerShard::state(size_t slot, int64_t begin, int64_t numel) {
+  create_state();
+  ShardPart& p = part_mut(begin, numel);
+  return p.state.at(slot).narrow(0, begin - p.begin, numel);
+}
+
+at::Tensor OptimizerShard::master_values() const {
+  if (parts_.size() == 1) return parts_[0].master;
+  std::vector<at::Tensor> pieces;
+  for (const ShardPart& p : parts_) pieces.push_back(p.master.cpu());
+  return at::cat(pieces);
+}
+
+void OptimizerShard::create_state() {
+  if (has_state_) return;
+  for (ShardPart& p : parts_) {
+    for (size_t i = 0; i < row_.state_names.size(); ++i) {
+      p.state.push_back(at::full({p.numel}, state_init_, p.master.options().pinned_memory(false)));
+      memory_.add(category(p, MemoryCategory::optimizer_state), p.state.back().nbytes());
+    }
+  }
+  has_state_ = true;
 }
 
 void OptimizerShard::drop_state() {
-  state_.clear();
-  memory_.release(MemoryCategory::optimizer_state, state_bytes_);
-  state_bytes_ = 0;
+  for (ShardPart& p : parts_) {
+    for (const at::Tensor& s : p.state) memory_.release(category(p, MemoryCategory::optimizer_state), s.nbytes());
+    p.state.clear();
+  }
+  has_state_ = false;
 }
 
 int64_t OptimizerShard::slot(const std::string& what) const {
@@ -61,36 +101,65 @@ int64_t OptimizerShard::slot(const std::string& what) const {
 
 void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full) {
   storage.write_tensor(i, full);
-  if (!shard || shard->shares_model_copy()) return;
+  if (!shard) return;
   if (const auto piece = storage.owned_piece(i)) {
-    shard->master().narrow(0, piece->buffer_begin, piece->numel)
+    if (shard->shares_model_copy(piece->buffer_begin, piece->numel)) return;
+    shard->master(piece->buffer_begin, piece->numel)
         .copy_(full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
   }
 }
 
+std::vector<int64_t> owned_piece_begins(const FlatGroup& storage) {
+  std::vector<int64_t> begins;
+  for (int64_t i = 0; i < storage.num_tensors(); ++i) {
+    if (const auto piece = storage.owned_piece(i)) begins.push_back(piece->buffer_begin);
+  }
+  std::sort(begins.begin(), begins.end());
+  begins.erase(std::unique(begins.begin(), begins.end()), begins.end());
+  return begins;
+}
+
 std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::vector<at::Tensor>& values,
                                            const std::vector<ChunkedShape>& prechunked,
-                                           const OptimizerConfig& config, MemoryAccount& memory) {
+                                           const OptimizerConfig& config, std::vector<SubGroup> sub_groups,
+                                           const HostPool& pool, MemoryAccount& memory) {
   const OptimizerRow& row = optimizer_row(config.type);
   const double init = row.state_init(config);
   const at::Tensor owned = storage.owned_params();
-  if (owned.scalar_type() == at::kFloat) {
-    return std::make_unique<OptimizerShard>(owned, true, row, init, memory);
+  const int64_t numel = owned.numel();
+  const int64_t split = host_split(sub_groups, numel);
+  std::vector<ShardPart> parts;
+  for (const auto& [begin, end, residency] : {std::tuple{int64_t(0), split, Residency::device},
+                                              std::tuple{split, numel, Residency::host}}) {
+    if (end == begin && !(numel == 0 && residency == Residency::device)) continue;
+    ShardPart p;
+    p.begin = begin;
+    p.numel = end - begin;
+    p.residency = residency;
+    // The fp32 model copy is the master only where both live in the same place.
+    if (residency == Residency::device && owned.scalar_type() == at::kFloat && !storage.params_on_host()) {
+      p.shares_model_copy = true;
+      p.master = owned.narrow(0, begin, p.numel);
+    } else {
+      // Zero-filled so padding never carries garbage into norms.
+      p.master = residency == Residency::host ? pool.allocate_zeros(p.numel, at::kFloat)
+                                              : at::zeros({p.numel}, storage.device_options().dtype(at::kFloat));
+    }
+    parts.push_back(std::move(p));
   }
+  auto shard = std::make_unique<OptimizerShard>(std::move(parts), std::move(sub_groups), row, init, memory);
   ZS_CHECK(int64_t(values.size()) == storage.num_tensors(), "make_shard: ", values.size(),
            " values for ", storage.num_tensors(), " tensors");
-  // Zero-filled so padding never carries garbage into norms.
-  at::Tensor master = at::zeros({owned.numel()}, owned.options().dtype(at::kFloat));
   for (int64_t i = 0; i < storage.num_tensors(); ++i) {
     const auto piece = storage.owned_piece(i);
-    if (!piece) continue;
+    if (!piece || shard->shares_model_copy(piece->buffer_begin, piece->numel)) continue;
     const bool chunk = !prechunked.empty() && prechunked[size_t(i)].has_value();
     // A chunk passed in (zero.Init) starts at this rank's first element of the tensor.
     const int64_t from = chunk ? 0 : piece->tensor_begin;
-    master.narrow(0, piece->buffer_begin, piece->numel)
+    shard->master(piece->buffer_begin, piece->numel)
         .copy_(values[size_t(i)].reshape(-1).narrow(0, from, piece->numel));
   }
-  return std::make_unique<OptimizerShard>(master, false, row, init, memory);
+  return shard;
 }
 
 }  // namespace zeroshard

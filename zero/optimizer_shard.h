@@ -1,43 +1,60 @@
 // A rank's share of the optimizer: the fp32 master values of its owned range and the optimizer
-// state (the table row's tensors), with where they live. The optimizer step reads the gradients
-// and writes the model copy, but updates nothing else: offload moves this object, not the step.
+// state (the table row's tensors), in parts by residency: [0, split) on the parameters' device,
+// [split, numel) in host memory (offload_optimizer), either possibly empty. The optimizer step
+// reads the gradients and writes the model copy, but updates nothing else: offload moves this
+// object, not the step.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <vector>
 
+#include "runtime/host_pool.h"
 #include "runtime/memory.h"
 #include "runtime/optim/table.h"
 #include "zero/flat_group.h"
+#include "zero/sub_groups.h"
 
 namespace zeroshard {
 
-// Where a shard's master values and state live: the parameters' device. Host memory and NVMe
-// come with the offload work.
-enum class Residency { device };
+// One residency's slice [begin, begin + numel) of the owned range.
+struct ShardPart {
+  int64_t begin = 0, numel = 0;
+  Residency residency = Residency::device;
+  // The master is the fp32 model copy's own slice (fp32 training, device part), so the step
+  // updates the model in place and no second copy exists.
+  bool shares_model_copy = false;
+  at::Tensor master;
+  std::vector<at::Tensor> state;  // empty until created
+};
 
 class OptimizerShard {
  public:
-  // `master` holds the owned range's fp32 values. `shares_model_copy`: it is the fp32 model
-  // copy's own slice (fp32 training on the device), so the step updates the model in place and
-  // no second copy exists; otherwise it is this shard's own tensor, accounted here.
-  OptimizerShard(at::Tensor master, bool shares_model_copy, const OptimizerRow& row,
+  // `parts` tile the owned range with their masters set; `sub_groups` (plan_sub_groups) tile it
+  // too, each inside one part. State is created on first use.
+  OptimizerShard(std::vector<ShardPart> parts, std::vector<SubGroup> sub_groups, const OptimizerRow& row,
                  double state_init, MemoryAccount& memory);
   ~OptimizerShard();
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
 
-  Residency residency() const { return Residency::device; }
-  int64_t numel() const { return master_.numel(); }
-  at::Tensor master() const { return master_; }
-  bool shares_model_copy() const { return shares_model_copy_; }
+  int64_t numel() const { return numel_; }
+  const std::vector<ShardPart>& parts() const { return parts_; }
+  const std::vector<SubGroup>& sub_groups() const { return sub_groups_; }
   const OptimizerRow& row() const { return row_; }
+  // The part that holds [begin, begin + numel) (checked: a range never spans two).
+  const ShardPart& part(int64_t begin, int64_t numel) const;
+  bool shares_model_copy(int64_t begin, int64_t numel) const { return part(begin, numel).shares_model_copy; }
+  // Views of the master values and of state slot `slot` over [begin, begin + numel).
+  at::Tensor master(int64_t begin, int64_t numel) const;
+  at::Tensor state(size_t slot, int64_t begin, int64_t numel);
+  // The whole owned range's master values in one fp32 tensor (a copy when there are two parts).
+  at::Tensor master_values() const;
   // The state, created (and accounted) on first use, that is at the first optimizer step, as
   // torch.optim does: until then the caller's original parameter tensors are usually still
   // alive, and creating the state with them would raise the set-up peak above the steady state.
-  std::vector<at::Tensor>& state();
-  bool has_state() const { return !state_.empty(); }
+  void create_state();
+  bool has_state() const { return has_state_; }
   // Back to before the first step (a checkpoint saved before its first step was loaded): the
   // state is freed and the next step creates it again.
   void drop_state();
@@ -46,24 +63,32 @@ class OptimizerShard {
   int64_t slot(const std::string& what) const;
 
  private:
-  at::Tensor master_;
-  bool shares_model_copy_;
+  ShardPart& part_mut(int64_t begin, int64_t numel);
+  MemoryCategory category(const ShardPart& p, MemoryCategory device_category) const;
+
+  std::vector<ShardPart> parts_;
+  std::vector<SubGroup> sub_groups_;
+  int64_t numel_ = 0;
   const OptimizerRow& row_;
   double state_init_;
-  std::vector<at::Tensor> state_;
+  bool has_state_ = false;
   MemoryAccount& memory_;
-  int64_t master_bytes_ = 0, state_bytes_ = 0;
 };
 
 // Tensor i of `storage` takes `full` (its whole value, fp32): the model copy, and the owned
 // piece of `shard`'s master when it has one of its own. The one way values enter a group.
 void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, const at::Tensor& full);
 
-// Group `storage`'s shard. Its master is the model copy's owned slice when the model is fp32,
-// else a new fp32 tensor seeded from the caller's fp32 `values` (one per tensor: whole, or this
-// rank's chunk where `prechunked` gives a full shape), not from the rounded 16-bit copy.
+// The owned pieces' starts of `storage`'s tensors, ascending (what plan_sub_groups splits at).
+std::vector<int64_t> owned_piece_begins(const FlatGroup& storage);
+
+// Group `storage`'s shard over `sub_groups`. A device part's master is the model copy's owned
+// slice when the model is fp32, else a new fp32 tensor; a host part's is allocated by `pool`.
+// New masters are seeded from the caller's fp32 `values` (one per tensor: whole, or this rank's
+// chunk where `prechunked` gives a full shape), not from the rounded 16-bit copy.
 std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::vector<at::Tensor>& values,
                                            const std::vector<ChunkedShape>& prechunked,
-                                           const OptimizerConfig& config, MemoryAccount& memory);
+                                           const OptimizerConfig& config, std::vector<SubGroup> sub_groups,
+                                           const HostPool& pool, MemoryAccount& memory);
 
 }  // namespace zeroshard

@@ -253,13 +253,20 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
     const int64_t chunk = L.chunks[size_t(p.index)];
     // This rank's chunk, padded to the chunk size: the flat shard reserves whole chunks.
     at::Tensor own = group.params().narrow(0, L.local_offsets[size_t(p.index)], chunk);
+    // offload_param: the chunk comes up from host memory first (a copy on the compute stream,
+    // which the collective waits for; on a CPU-only run a host copy), and the gather keeps it
+    // alive until the collective is done.
+    if (group.params_on_host()) {
+      own = own.to(group.device_options(), /*non_blocking=*/true, /*copy=*/true);
+      x.staged.push_back(own);
+    }
     if (!p.persistent) counters_.live_numel += p.numel;
     // Counted from the start: a direct gather's buffer exists from here, and a prefetch's memory
     // should show while it is in flight, not only once its module fetches it.
     memory_.add(category(p), gathered_bytes(p));
     if (chunk * world >= kDirectGatherNumel) {
       // Rank r's chunk lands at r * chunk: exactly the parameter's layout, padding at the end.
-      at::Tensor full = gathered_buffer(p, chunk * world, own.options());
+      at::Tensor full = gathered_buffer(p, chunk * world, group.device_options());
       x.direct_works.push_back(comm_->all_gather(full, own, detail::cat("parameter ", i)));
       x.direct.emplace_back(i, std::move(full));
       continue;

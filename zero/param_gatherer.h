@@ -118,6 +118,7 @@ class ParamGatherer {
     CommWork work;                  // the staging all-gather (pending only when batched is not empty)
     std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
     std::vector<CommWork> direct_works;
+    std::vector<at::Tensor> staged;  // chunks copied up from host memory (offload_param)
   };
   // A parameter's full value into its group's storage and shard (write_tensor_values).
   void write(int64_t param_index, const at::Tensor& full);

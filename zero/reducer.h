@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 namespace zeroshard {
 
@@ -26,6 +28,17 @@ class Reducer {
   virtual void zero_grad() = 0;
   virtual int64_t num_buckets() const = 0;
   virtual int64_t num_params() const = 0;
+
+  // Called in a backward that ends the accumulation window as each bucket's part of the owned
+  // gradients becomes final (`begin`, `numel` in group `group`'s owned range), on the thread that
+  // completes the bucket: optimizer offload starts copying them to host memory while backward
+  // goes on. Only reducers whose gradients no script can reach (param.grad is dropped: stages
+  // 2 and 3) call it; with full gradients a script may still edit them before the step.
+  using FinalGradients = std::function<void(int64_t group, int64_t begin, int64_t numel)>;
+  void on_final_gradients(FinalGradients fn) { on_final_ = std::move(fn); }
+
+ protected:
+  FinalGradients on_final_;
 };
 
 }  // namespace zeroshard

@@ -60,7 +60,8 @@ CommWork ScatterGradReducer::reduce(const Bucket&, at::Tensor staging, const std
   return comm_->reduce_scatter_in_place(staging, what);
 }
 
-void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, double scale) {
+std::pair<int64_t, int64_t> ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced,
+                                                           double scale) {
   FlatGroup& g = *groups_[size_t(b.spec.group)];
   const at::Tensor part = reduced.narrow(0, comm_->rank() * b.local_numel, b.local_numel);
   if (g.holds_grad_segment(b.local_begin)) {  // an earlier micro-step's gradients: accumulate
@@ -69,6 +70,7 @@ void ScatterGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, 
   } else {  // the first in this window: written whole, so not zero-filled first
     ops::scale_copy(g.grad_segment(b.local_begin, b.local_numel, false), part, scale);
   }
+  return {b.local_begin, b.local_numel};
 }
 
 }  // namespace zeroshard

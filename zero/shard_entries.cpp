@@ -30,21 +30,19 @@ std::vector<ShardEntry> shard_entries(const std::vector<FlatGroup*>& groups,
     FlatGroup& g = *groups[gi];
     OptimizerShard& shard = *shards[gi];
     const bool state = with_state || shard.has_state();
-    if (state) shard.state();  // created on every rank, also one that owns no tensor of the group
+    if (state) shard.create_state();  // on every rank, also one that owns no tensor of the group
     for (int64_t i = 0; i < g.num_tensors(); ++i, ++index) {
       add_model_copy(g, i, index, out);
       const auto piece = g.owned_piece(i);
       if (!piece) continue;
-      if (!shard.shares_model_copy()) {
-        out.push_back({"master", index, piece->tensor_begin,
-                       shard.master().narrow(0, piece->buffer_begin, piece->numel), replicated});
+      const int64_t b = piece->buffer_begin, n = piece->numel;
+      if (!shard.shares_model_copy(b, n)) {
+        out.push_back({"master", index, piece->tensor_begin, shard.master(b, n), replicated});
       }
       if (!state) continue;
       const auto& names = shard.row().state_names;
-      auto& tensors = shard.state();
       for (size_t s = 0; s < names.size(); ++s) {
-        out.push_back({names[s], index, piece->tensor_begin,
-                       tensors[s].narrow(0, piece->buffer_begin, piece->numel), replicated});
+        out.push_back({names[s], index, piece->tensor_begin, shard.state(s, b, n), replicated});
       }
     }
   }

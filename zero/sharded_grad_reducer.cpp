@@ -40,15 +40,17 @@ CommWork ShardedGradReducer::reduce(const Bucket&, at::Tensor staging, const std
   return comm_->all_reduce(staging, what);
 }
 
-void ShardedGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced, double scale) {
+std::pair<int64_t, int64_t> ShardedGradReducer::accumulate(const Bucket& b, const at::Tensor& reduced,
+                                                           double scale) {
   FlatGroup& g = *groups_[size_t(b.spec.group)];
   const ShardRange own = g.owned();
   const int64_t begin = std::max(own.begin, b.spec.offset);
   const int64_t end = std::min(own.end, b.spec.offset + b.spec.numel);
-  if (end <= begin) return;
+  if (end <= begin) return {0, 0};
   at::Tensor shard = g.owned_grads().narrow(0, begin - own.begin, end - begin);
   // Mixed dtypes add in the wider one, rounding once into the shard's.
   ops::add_scaled_(shard, reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
+  return {begin - own.begin, end - begin};
 }
 
 }  // namespace zeroshard

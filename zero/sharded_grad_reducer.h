@@ -15,7 +15,7 @@ class ShardedGradReducer final : public StagedReducer {
  private:
   void stage(const Bucket& b, at::Tensor staging, int64_t index, const at::Tensor& grad) override;
   CommWork reduce(const Bucket& b, at::Tensor staging, const std::string& what) override;
-  void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) override;
+  std::pair<int64_t, int64_t> accumulate(const Bucket& b, const at::Tensor& reduced, double scale) override;
 };
 
 }  // namespace zeroshard

@@ -13,7 +13,8 @@ namespace zeroshard {
 
 ShardedStep::ShardedStep(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
                          ZeroStrategy& strategy, Comm& comm, const Config& config,
-                         const OptimizerConfig& optimizer, TrainingState& state)
+                         const OptimizerConfig& optimizer, TrainingState& state,
+                         SubGroupRunner& runner)
     : groups_(std::move(groups)),
       shards_(std::move(shards)),
       strategy_(strategy),
@@ -21,7 +22,8 @@ ShardedStep::ShardedStep(std::vector<FlatGroup*> groups, std::vector<OptimizerSh
       config_(config),
       optimizer_(optimizer),
       row_(optimizer_row(optimizer.type)),
-      state_(state) {
+      state_(state),
+      runner_(runner) {
   ZS_CHECK(!groups_.empty() && groups_.size() == shards_.size(), "ShardedStep: ", groups_.size(),
            " groups and ", shards_.size(), " shards");
 }
@@ -49,29 +51,29 @@ double ShardedStep::global_sum_sq(double local_sum_sq) {
   if (!strategy_.shards_optimizer_state() || comm_.world_size() == 1) return local_sum_sq;
   // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
   // On the gradients' device: an NCCL group carries CUDA tensors only.
-  at::Tensor t = at::full({1}, local_sum_sq, groups_[0]->params().options().dtype(at::kDouble));
+  at::Tensor t = at::full({1}, local_sum_sq, groups_[0]->device_options().dtype(at::kDouble));
   comm_.all_reduce(t, "gradient norm").wait();
   return t.item<double>();
 }
 
 UpdatePiece ShardedStep::piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad) {
   OptimizerShard& shard = *shards_[g];
-  const auto part = [&](const at::Tensor& t) { return t.narrow(0, begin, numel); };
   UpdatePiece p;
-  p.master = part(shard.master());
+  p.master = shard.master(begin, numel);
   p.grad = grad;
-  for (const auto& s : shard.state()) p.state.push_back(part(s));
+  for (size_t s = 0; s < row_.state_names.size(); ++s) p.state.push_back(shard.state(s, begin, numel));
   // A master of its own: the kernels write the updated 16-bit parameters in the same pass.
-  if (!shard.shares_model_copy()) p.param16 = part(groups_[g]->owned_params());
+  if (!shard.shares_model_copy(begin, numel)) p.param16 = groups_[g]->owned_params().narrow(0, begin, numel);
   return p;
 }
 
-void ShardedStep::apply(size_t g, const GroupHyper& h, const UpdateScalars& s, double* sum_sq) {
-  for (const auto& [offset, grad] : groups_[g]->grad_pieces()) {
+void ShardedStep::apply(const std::vector<GroupHyper>& hypers, const std::vector<UpdateScalars>& scalars,
+                        double* sum_sq) {
+  runner_.run([&](size_t g, const UpdatePiece& p) {
     kernels::GradStats stats;
-    row_.update(piece(g, offset, grad.numel(), grad), h, optimizer_, s, sum_sq ? &stats : nullptr);
+    row_.update(p, hypers[g], optimizer_, scalars[g], sum_sq ? &stats : nullptr);
     if (sum_sq) *sum_sq += stats.finite ? stats.sum_sq : INFINITY;
-  }
+  });
 }
 
 namespace {
@@ -94,7 +96,7 @@ void ShardedStep::apply_per_tensor(const std::vector<GroupHyper>& hypers,
   // the first phase adds to them without waiting for the device.
   std::vector<int64_t> first(groups_.size() + 1, 0);
   for (size_t g = 0; g < groups_.size(); ++g) first[g + 1] = first[g] + groups_[g]->num_tensors();
-  at::Tensor sums = at::zeros({2 * first.back()}, shards_[0]->master().options().dtype(at::kDouble));
+  at::Tensor sums = at::zeros({2 * first.back()}, groups_[0]->device_options().dtype(at::kDouble));
   // Phase 1: moments, and each tensor's sums of squares over the pieces this rank owns.
   std::vector<std::vector<std::pair<int64_t, UpdatePiece>>> pieces(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -135,8 +137,12 @@ StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t sampl
   // The norm is needed before the update only to clip and to find fp16 overflows. Otherwise a
   // kernel that fuses it computes it in its own pass, and the gradients are read once, not twice.
   // (On CUDA the separate pass stays: per-piece statistics would sync between the updates.)
+  bool masters_on_cpu = true;
+  for (const OptimizerShard* shard : shards_) {
+    for (const ShardPart& p : shard->parts()) masters_on_cpu = masters_on_cpu && p.master.is_cpu();
+  }
   const bool norm_in_update = row_.fuses_grad_stats && !config_.fp16.enabled &&
-                              config_.gradient_clipping <= 0.0 && shards_[0]->master().is_cpu();
+                              config_.gradient_clipping <= 0.0 && masters_on_cpu;
   double clip = 1.0;
   if (norm_in_update) {
     scaler.update(false);
@@ -170,14 +176,12 @@ StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t sampl
   }
   // Every rank holds state after a step, also one whose owned range of a group is padding only
   // (the per-tensor path creates it only for owned pieces), so collectives over it line up.
-  for (OptimizerShard* shard : shards_) shard->state();
+  for (OptimizerShard* shard : shards_) shard->create_state();
   double local_sum_sq = 0.0;
   if (row_.tensor_norms) {
     apply_per_tensor(hypers, scalars);
   } else {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      apply(g, hypers[g], scalars[g], norm_in_update ? &local_sum_sq : nullptr);
-    }
+    apply(hypers, scalars, norm_in_update ? &local_sum_sq : nullptr);
   }
   for (FlatGroup* g : groups_) strategy_.sync_params(*g, comm_);
   if (norm_in_update) r.grad_norm = std::sqrt(global_sum_sq(local_sum_sq)) / r.loss_scale;

@@ -14,6 +14,7 @@
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
 #include "zero/strategy.h"
+#include "zero/sub_group_runner.h"
 
 namespace zeroshard {
 
@@ -25,10 +26,11 @@ struct StepResult {
 
 class ShardedStep {
  public:
-  // groups[i]'s optimizer state is shards[i]. Everything is owned by the caller and outlives this.
+  // groups[i]'s optimizer state is shards[i]; `runner` steps their sub-groups. Everything is
+  // owned by the caller and outlives this.
   ShardedStep(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
               ZeroStrategy& strategy, Comm& comm, const Config& config,
-              const OptimizerConfig& optimizer, TrainingState& state);
+              const OptimizerConfig& optimizer, TrainingState& state, SubGroupRunner& runner);
 
   // Updates every shard with its group's hyperparameters, or skips the step (fp16 overflow);
   // counts it in the training state either way. The caller zeroes the gradients afterwards.
@@ -41,9 +43,10 @@ class ShardedStep {
   double global_sum_sq(double local_sum_sq);
   // The piece [begin, begin + numel) of group g's owned range.
   UpdatePiece piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad);
-  // Elementwise rows: piece by piece over the owned range (one piece, or stage 3's gradient
-  // segments). sum_sq, when not null, gets the gradients' sum of squares (rows that fuse it).
-  void apply(size_t g, const GroupHyper& h, const UpdateScalars& s, double* sum_sq);
+  // Elementwise rows: sub-group by sub-group over every group's owned range, where each one's
+  // state lives. sum_sq, when not null, gets the gradients' sum of squares (rows that fuse it).
+  void apply(const std::vector<GroupHyper>& hypers, const std::vector<UpdateScalars>& scalars,
+             double* sum_sq);
   // Per-tensor rows: every tensor's owned piece, norms summed over ranks, then the update.
   void apply_per_tensor(const std::vector<GroupHyper>& hypers, const std::vector<UpdateScalars>& scalars);
 
@@ -55,6 +58,7 @@ class ShardedStep {
   const OptimizerConfig& optimizer_;
   const OptimizerRow& row_;
   TrainingState& state_;
+  SubGroupRunner& runner_;
 };
 
 }  // namespace zeroshard

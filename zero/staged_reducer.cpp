@@ -119,8 +119,9 @@ void StagedReducer::complete(Bucket& b) {
   b.work.wait();
   const int64_t id = int64_t(&b - buckets_.data());
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), id));
-  accumulate(b, staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel),
-             opt_.post_factor(comm_->world_size()));
+  const auto [begin, numel] = accumulate(b, staging_[size_t(b.buffer)].narrow(0, 0, b.staged_numel),
+                                         opt_.post_factor(comm_->world_size()));
+  if (boundary_ && numel > 0 && on_final_) on_final_(b.spec.group, begin, numel);
   busy_[size_t(b.buffer)] = false;
   b.buffer = -1;
   b.ready = 0;

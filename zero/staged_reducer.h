@@ -26,6 +26,7 @@ namespace zeroshard {
 class StagedReducer : public Reducer {
  public:
   ~StagedReducer() override;
+  void begin_backward(bool accumulation_boundary) final { boundary_ = accumulation_boundary; }
   void grad_ready(int64_t index, const at::Tensor& grad) final;
   void finish() final;
   void abort() final;
@@ -58,7 +59,8 @@ class StagedReducer : public Reducer {
   virtual CommWork reduce(const Bucket& b, at::Tensor staging, const std::string& what) = 0;
   // Adds `scale` times this rank's part of the reduced (summed) staging buffer into its gradient
   // shard; the scale makes the sum a mean and is applied only to the part this rank keeps.
-  virtual void accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
+  // Returns the part's range in the owned range, {begin, numel} (numel 0: none).
+  virtual std::pair<int64_t, int64_t> accumulate(const Bucket& b, const at::Tensor& reduced, double scale) = 0;
   const std::vector<Bucket>& buckets() const { return buckets_; }
   at::TensorOptions comm_options() const;
 
@@ -74,6 +76,7 @@ class StagedReducer : public Reducer {
   void complete(Bucket& b);
 
   std::vector<Bucket> buckets_;
+  bool boundary_ = true;  // this backward ends the accumulation window
   // Global parameter index -> its first bucket and how many (more than one: pieces).
   std::vector<std::pair<int64_t, int64_t>> param_buckets_;
   // Whether each parameter's gradient arrived in this backward: a second would overwrite the

@@ -1,18 +1,26 @@
 // The stage factory: the one switch on zero_optimization.stage.
 #include "zero/strategy.h"
 
+#include <utility>
+
 #include "runtime/error.h"
 
 namespace zeroshard {
 
 void require_buildable(const ZeroConfig& config) {
-  // Offload is asked for in the same block; until it is built, the refusal lives here, once.
-  const std::string& optimizer = config.offload_optimizer.device;
-  const std::string& param = config.offload_param.device;
-  if (optimizer != "none" || param != "none") {
-    throw ConfigError(detail::cat("zero_optimization.offload_optimizer/offload_param: device '",
-                                  optimizer, "'/'", param,
-                                  "' is not available in this build yet; expected \"none\""));
+  const OffloadOptimizerConfig& opt = config.offload_optimizer;
+  const OffloadParamConfig& param = config.offload_param;
+  // NVMe comes with its own issue (the I/O engine); until then the refusal lives here, once.
+  for (const auto& [key, device] : {std::pair{"offload_optimizer", opt.device}, std::pair{"offload_param", param.device}}) {
+    if (device == "nvme") {
+      throw ConfigError(detail::cat("zero_optimization.", key, ".device: got \"nvme\", which this "
+                                    "build does not run yet; expected \"none\" or \"cpu\""));
+    }
+  }
+  if (param.device == "cpu" && config.stage != 3) {
+    throw ConfigError(detail::cat("zero_optimization.offload_param.device: got \"cpu\" at stage ",
+                                  config.stage, "; parameter offload needs stage 3 (only stage 3 "
+                                  "partitions parameters, so only it can keep them off the device)"));
   }
 }
 

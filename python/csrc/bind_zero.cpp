@@ -104,6 +104,7 @@ void bind_zero(py::module_& m) {
     d["dataloader_drop_last"] = c->dataloader_drop_last;
     d["scheduler"] = c->scheduler.present ? py::object(py::str(c->scheduler.type)) : py::object(py::none());
     d["zero_allow_untested_optimizer"] = c->zero_allow_untested_optimizer;
+    d["zero_force_ds_cpu_optimizer"] = c->zero_force_ds_cpu_optimizer;
     d["offload_optimizer"] = c->zero_optimization.offload_optimizer.device;
     d["offload_param"] = c->zero_optimization.offload_param.device;
     d["gather_16bit_weights_on_model_save"] =
@@ -260,6 +261,18 @@ void bind_zero(py::module_& m) {
            py::arg("param_groups"), py::arg("samples"))
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))
+      .def("sub_groups", [](const ZeroOptimizer& o, int64_t g) {
+             py::list out;
+             for (const SubGroup& sg : o.sub_groups(g)) out.append(py::make_tuple(sg.begin, sg.numel, residency_name(sg.residency)));
+             return out;
+           }, py::arg("group"))
+      .def("last_step_times", [](const ZeroOptimizer& o) {
+             py::dict d;
+             d["transfer_ms"] = o.last_step_times().transfer_ms;
+             d["host_step_ms"] = o.last_step_times().update_ms;
+             d["early_sub_groups"] = o.last_step_times().early_sub_groups;
+             return d;
+           })
       .def_property_readonly("strategy", &ZeroOptimizer::strategy, py::return_value_policy::reference_internal)
       .def_property_readonly("coordinator", &ZeroOptimizer::coordinator,
                              py::return_value_policy::reference_internal)

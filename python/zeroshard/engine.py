@@ -127,7 +127,7 @@ class ZeroShardEngine(torch.nn.Module):
             if configured["present"]:
                 raise ValueError("optimizer: given both in the config's \"optimizer\" block and as "
                                  "initialize(optimizer=...); pass only one")
-            spec = client_optimizer_spec(client_optimizer)
+            spec = client_optimizer_spec(client_optimizer, _C.engine_settings(self._config))
             self._client_optimizer = client_optimizer
             defaults = {}
         elif configured["present"]:

@@ -66,9 +66,10 @@ void read_offload_optimizer(Block& z, ZeroConfig& zc, bool deprecated_cpu, bool 
   o.pipeline_write = b.get_bool("pipeline_write", o.pipeline_write);
   o.fast_init = b.get_bool("fast_init", o.fast_init);
   o.ratio = b.get_number("ratio", o.ratio, 0, 1);
-  // Partial offload (ZeRO-Offload++ "Twin-Flow") splits the step between CPU and GPU optimizers.
-  if (o.ratio < 1.0)
-    b.fail("ratio", "got " + show(b.out()["ratio"]) + ", expected 1 (partial optimizer offload: not supported by zeroshard)");
+  // Partial offload: the last `ratio` of the sub-groups step on the host, the rest on the device.
+  if (o.ratio < 1.0 && o.device == "none")
+    b.fail("ratio", "got " + show(b.out()["ratio"]) + " with device \"none\"; ratio is the share of the "
+           "optimizer offloaded, so it needs device \"cpu\" (or leave it at 1)");
   b.reject_unless_default("super_offload", false, "SuperOffload");
   b.get_bool("convert_grad_on_cpu", true);          // newer DeepSpeed keys: placement details
   b.get_number("cpuadam_cores_perc", 0.8, 0, 1);    // of its CPU Adam, no effect here

@@ -1,0 +1,86 @@
+// Runs the optimizer's update sub-group by sub-group wherever each one's state lives. A
+// device-resident sub-group updates in place. A host-resident one (offload_optimizer) is a
+// pipeline: its gradients come down into a host buffer (as backward finalizes them, or while
+// the sub-group before it updates), the host kernel updates the master and writes the new
+// model-dtype values into a host buffer in the same pass, and that buffer is copied up while
+// the next one updates. The same update either way: only where it runs differs.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "runtime/copy_stream.h"
+#include "runtime/host_pool.h"
+#include "runtime/optim/table.h"
+#include "zero/flat_group.h"
+#include "zero/optimizer_shard.h"
+
+namespace zeroshard {
+
+// Where a step's time went on the host (for wall_clock_breakdown and bench/offload.py).
+struct StagedStepTimes {
+  double transfer_ms = 0.0;  // copying and waiting for copies, down and up, in the step
+  double update_ms = 0.0;    // the kernels' updates of host-resident sub-groups
+  int64_t early_sub_groups = 0;  // host sub-groups whose gradients came down during backward
+};
+
+class SubGroupRunner {
+ public:
+  // `groups[g]`'s optimizer state is `shards[g]`; all outlive this. `params_residency`: where
+  // the groups' model-dtype parameters (the update's target) live: host for ZeRO-3 chunks
+  // under offload_param.
+  SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, HostPool& pool,
+                 CopyStream& copies, Residency params_residency);
+  ~SubGroupRunner();
+  SubGroupRunner(const SubGroupRunner&) = delete;
+  SubGroupRunner& operator=(const SubGroupRunner&) = delete;
+
+  // The update of group g's sub-group, given its piece.
+  using Update = std::function<void(size_t g, const UpdatePiece& piece)>;
+  // Every sub-group of every group, in order.
+  void run(const Update& update);
+  // Group g's owned gradients [begin, begin + numel) are final for this window (the reducer's
+  // on_final_gradients): their copy to the host buffers of the sub-groups they meet starts now.
+  void gradients_final(int64_t g, int64_t begin, int64_t numel);
+  // The copies gradients_final started are dropped (a new window starts, or its gradients were
+  // zeroed without a step).
+  void forget_early_gradients();
+  const StagedStepTimes& last_times() const { return times_; }
+
+ private:
+  struct Job {
+    size_t g = 0;
+    SubGroup sg;
+  };
+  // A host-resident sub-group's gradients in a host pool buffer, with the fence of the last copy
+  // into it (the copies run in order on one stream) and how many elements were copied.
+  struct Staged {
+    at::Tensor grad_buffer;
+    CopyFence grad_fence;
+    int64_t copied = 0;
+  };
+  struct Upload {
+    at::Tensor buffer;  // a pool buffer to give back, or undefined
+    CopyFence fence;
+  };
+  using Pieces = std::vector<std::pair<int64_t, at::Tensor>>;  // a group's grad_pieces()
+  // A host sub-group's gradients: those gradients_final brought when they are complete, else a
+  // copy of all of them started now.
+  Staged prepare(const Pieces& pieces, const Job& job);
+  void update_in_place(const Pieces& pieces, const Job& job, const Update& update);
+  void update_on_host(Staged staged, const Job& job, const Update& update, std::vector<Upload>& uploads);
+  void finish_upload(Upload& u);
+
+  std::vector<FlatGroup*> groups_;
+  std::vector<OptimizerShard*> shards_;
+  HostPool& pool_;
+  CopyStream& copies_;
+  Residency params_residency_;
+  std::map<std::pair<size_t, int64_t>, Staged> early_;  // (group, sub-group begin)
+  StagedStepTimes times_;
+};
+
+}  // namespace zeroshard
