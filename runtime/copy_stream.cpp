@@ -41,6 +41,15 @@ void CopyStream::wait_host(const CopyFence& fence) {
   if (fence) fence->synchronize();
 }
 
+void CopyStream::on_copy_stream(const std::function<void()>& issue) const {
+  if (!side_) {
+    issue();
+    return;
+  }
+  c10::StreamGuard on_side(*side_);
+  issue();
+}
+
 void CopyStream::wait_device(const CopyFence& fence) const {
   if (!fence) return;
   c10::impl::VirtualGuardImpl impl(device_.type());

@@ -7,6 +7,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -28,6 +29,11 @@ class CopyStream {
   // The device's current stream waits for it (the host does not): before compute reads values
   // copied up.
   void wait_device(const CopyFence& fence) const;
+  // Runs `issue` with the copy stream as the device's current stream (on a CPU device it just
+  // runs it): copies it makes and collectives it starts wait for what the copy stream has
+  // queued, not for the compute stream, so they overlap compute. Tensors the compute stream
+  // will read must be allocated outside it.
+  void on_copy_stream(const std::function<void()>& issue) const;
 
  private:
   c10::Device device_;

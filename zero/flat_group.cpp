@@ -60,7 +60,7 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       params_.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].reshape(-1));
     }
   }
-  grad_options_ = opts;
+  device_options_ = opts;
   if (partitioned_) {
     if (trainable_) segment_grads({0});  // allocated by backward; a frozen group has none
   } else {
@@ -140,7 +140,7 @@ bool FlatGroup::holds_grad_segment(int64_t begin) const {
 at::Tensor FlatGroup::grad_segment(int64_t begin, int64_t numel, bool zeroed) {
   at::Tensor& t = segments_[segment_index(begin, numel)];
   if (!t.defined()) {
-    t = zeroed ? at::zeros({numel}, grad_options_) : at::empty({numel}, grad_options_);
+    t = zeroed ? at::zeros({numel}, device_options_) : at::empty({numel}, device_options_);
     accounted_[1] += t.nbytes();
     memory_.add(MemoryCategory::gradients, t.nbytes());
   }

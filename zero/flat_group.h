@@ -68,10 +68,9 @@ class FlatGroup {
   bool full_grads() const { return full_grads_; }
   // Gradients of the owned range as one tensor (stages 0-2).
   at::Tensor owned_grads() const;
-  at::TensorOptions grad_options() const { return grad_options_; }
   // The device the model computes on, in the model dtype (where gathered parameters and
   // gradients live, whatever params_on_host says about the chunks).
-  at::TensorOptions device_options() const { return grad_options_; }
+  at::TensorOptions device_options() const { return device_options_; }
   bool params_on_host() const { return params_on_host_; }
 
   // Stage 3 keeps the owned gradients in segments that tile the shard (the gradient buckets'
@@ -126,7 +125,7 @@ class FlatGroup {
   bool params_on_host_;
   at::Tensor params_;
   at::Tensor grads_;                      // stages 0-2
-  at::TensorOptions grad_options_;
+  at::TensorOptions device_options_;
   std::vector<int64_t> segment_begins_;   // stage 3
   std::vector<at::Tensor> segments_;
   MemoryAccount& memory_;

@@ -82,10 +82,12 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   spec.params_on_host = offload_param;
   spec.pin_host = pin;
   if ((offload || offload_param) && optimizer_row(optimizer_.type).tensor_norms) {
-    throw ConfigError(detail::cat("zero_optimization.", offload ? "offload_optimizer" : "offload_param",
-                                  ".device: \"cpu\" with optimizer ", optimizer_.type,
-                                  ", whose per-tensor trust ratio needs every tensor whole where it "
-                                  "steps; offload supports Adam, AdamW, Adagrad, Lion and SGD"));
+    throw ConfigError(detail::cat(
+        "zero_optimization.", offload ? "offload_optimizer" : "offload_param", ".device: \"cpu\" with optimizer ",
+        optimizer_.type, offload ? ", whose per-tensor trust ratio has no host-staged form"
+                                 : ", whose per-tensor step writes the parameters in place, where "
+                                   "offload_param keeps only host chunks",
+        "; offload supports Adam, AdamW, Adagrad, Lion and SGD"));
   }
   pool_ = std::make_unique<HostPool>(pin, device, memory_);
   copies_ = std::make_unique<CopyStream>(device);
@@ -114,8 +116,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   }
   std::vector<OptimizerShard*> shards;
   for (const auto& s : shards_) shards.push_back(s.get());
-  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_,
-                                             offload_param ? Residency::host : Residency::device);
+  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_);
   ReduceOptions ro;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();

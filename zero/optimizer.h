@@ -91,7 +91,7 @@ class ZeroOptimizer {
   // The run's progress: counters, per-group steps, the loss scaler (checkpoints save it whole).
   TrainingState& training_state() { return state_; }
   int64_t num_buckets() const { return reducer_->num_buckets(); }
-  // fp32 master values of group g's owned range, in one tensor (for tests).
+  // fp32 master values of group g's owned range, copied into one CPU tensor (for tests).
   at::Tensor master(int64_t g) const { return shards_.at(size_t(g))->master_values(); }
   // Group g's sub-groups: (begin, numel, residency name) each.
   const std::vector<SubGroup>& sub_groups(int64_t g) const { return shards_.at(size_t(g))->sub_groups(); }
@@ -121,10 +121,11 @@ class ZeroOptimizer {
   MemoryAccount memory_;
   std::unique_ptr<HostPool> pool_;       // offload's host buffers (empty without offload)
   std::unique_ptr<CopyStream> copies_;
-  std::unique_ptr<SubGroupRunner> runner_;
   std::unique_ptr<ZeroStrategy> strategy_;
   std::vector<std::unique_ptr<FlatGroup>> groups_;
   std::vector<std::unique_ptr<OptimizerShard>> shards_;  // one per group
+  // After the groups and shards it steps, so it goes first (its early copies read them).
+  std::unique_ptr<SubGroupRunner> runner_;
   std::unique_ptr<FlatGroup> frozen_;  // stage 3 with frozen parameters
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3

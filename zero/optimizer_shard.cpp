@@ -61,10 +61,9 @@ at::Tensor OptimizerShard::state(size_t slot, int64_t begin, int64_t numel) {
 }
 
 at::Tensor OptimizerShard::master_values() const {
-  if (parts_.size() == 1) return parts_[0].master;
   std::vector<at::Tensor> pieces;
   for (const ShardPart& p : parts_) pieces.push_back(p.master.cpu());
-  return at::cat(pieces);
+  return pieces.size() == 1 ? pieces[0].clone() : at::cat(pieces);
 }
 
 void OptimizerShard::create_state() {

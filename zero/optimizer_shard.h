@@ -48,7 +48,7 @@ class OptimizerShard {
   // Views of the master values and of state slot `slot` over [begin, begin + numel).
   at::Tensor master(int64_t begin, int64_t numel) const;
   at::Tensor state(size_t slot, int64_t begin, int64_t numel);
-  // The whole owned range's master values in one fp32 tensor (a copy when there are two parts).
+  // The whole owned range's master values, copied into one fp32 CPU tensor (for tests).
   at::Tensor master_values() const;
   // The state, created (and accounted) on first use, that is at the first optimizer step, as
   // torch.optim does: until then the caller's original parameter tensors are usually still

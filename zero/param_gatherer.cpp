@@ -253,13 +253,6 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
     const int64_t chunk = L.chunks[size_t(p.index)];
     // This rank's chunk, padded to the chunk size: the flat shard reserves whole chunks.
     at::Tensor own = group.params().narrow(0, L.local_offsets[size_t(p.index)], chunk);
-    // offload_param: the chunk comes up from host memory first (a copy on the compute stream,
-    // which the collective waits for; on a CPU-only run a host copy), and the gather keeps it
-    // alive until the collective is done.
-    if (group.params_on_host()) {
-      own = own.to(group.device_options(), /*non_blocking=*/true, /*copy=*/true);
-      x.staged.push_back(own);
-    }
     if (!p.persistent) counters_.live_numel += p.numel;
     // Counted from the start: a direct gather's buffer exists from here, and a prefetch's memory
     // should show while it is in flight, not only once its module fetches it.
@@ -267,7 +260,7 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
     if (chunk * world >= kDirectGatherNumel) {
       // Rank r's chunk lands at r * chunk: exactly the parameter's layout, padding at the end.
       at::Tensor full = gathered_buffer(p, chunk * world, group.device_options());
-      x.direct_works.push_back(comm_->all_gather(full, own, detail::cat("parameter ", i)));
+      x.direct_works.push_back(all_gather(group, x, full, own, detail::cat("parameter ", i)));
       x.direct.emplace_back(i, std::move(full));
       continue;
     }
@@ -280,8 +273,8 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   if (!x.batched.empty()) {
     // Every rank sends its chunks of these parameters back to back.
     x.send = mine.size() == 1 ? mine[0].contiguous() : at::cat(mine);
-    x.recv = at::empty({x.send_numel * world}, x.send.options());
-    x.work = comm_->all_gather(x.recv, x.send, detail::cat("parameters of ", x.batched.size(), " tensors"));
+    x.recv = at::empty({x.send_numel * world}, group.device_options());
+    x.work = all_gather(group, x, x.recv, x.send, detail::cat("parameters of ", x.batched.size(), " tensors"));
   }
   const int64_t id = next_gather_id_++;
   for (int64_t i : members) params_[size_t(i)].in_flight = id;
@@ -289,11 +282,35 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   return id;
 }
 
+CommWork ParamGatherer::all_gather(const FlatGroup& group, Gather& x, at::Tensor out, const at::Tensor& in,
+                                   const std::string& what) {
+  if (!group.params_on_host()) return comm_->all_gather(out, in, what);
+  if (!up_) up_ = std::make_unique<CopyStream>(group.device_options().device());
+  CommWork work;
+  // On the copy stream: the copy up and the collective reading it wait for each other only, and
+  // the compute stream waits for the collective when complete_gather waits for its work. On a
+  // CPU-only run the copy is a host copy. The staged chunk lives until the gather completes.
+  up_->on_copy_stream([&] {
+    at::Tensor staged = in.to(group.device_options(), /*non_blocking=*/true, /*copy=*/true);
+    x.staged_bytes += staged.nbytes();
+    memory_.add(MemoryCategory::comm_buffers, staged.nbytes());
+    x.staged.push_back(staged);
+    work = comm_->all_gather(out, staged, what);
+  });
+  return work;
+}
+
 void ParamGatherer::complete_gather(int64_t id) {
   auto it = gathers_.find(id);
   ZS_CHECK(it != gathers_.end(), "ParamGatherer: no gather #", id, " in flight");
   Gather x = std::move(it->second);
   gathers_.erase(it);
+  // The staged chunks are released once their collectives are waited for, below.
+  struct ReleaseStaged {
+    MemoryAccount& memory;
+    int64_t bytes;
+    ~ReleaseStaged() { memory.release(MemoryCategory::comm_buffers, bytes); }
+  } release_staged{memory_, x.staged_bytes};
   const FlatGroup& group = *groups_[size_t(x.group)];
   const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();
@@ -314,7 +331,7 @@ void ParamGatherer::complete_gather(int64_t id) {
   for (size_t k = 0; k < x.batched.size(); ++k) {
     Param& p = params_[size_t(x.batched[k])];
     const int64_t t = p.index;
-    at::Tensor full = gathered_buffer(p, L.numels[size_t(t)], x.send.options());
+    at::Tensor full = gathered_buffer(p, L.numels[size_t(t)], group.device_options());
     for (int64_t r = 0; r < world; ++r) {
       const int64_t held = L.held_numel(t, r);
       if (held > 0) {

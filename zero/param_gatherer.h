@@ -20,6 +20,7 @@
 
 #include "runtime/comm.h"
 #include "runtime/config/config.h"
+#include "runtime/copy_stream.h"
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
@@ -119,7 +120,12 @@ class ParamGatherer {
     std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
     std::vector<CommWork> direct_works;
     std::vector<at::Tensor> staged;  // chunks copied up from host memory (offload_param)
+    int64_t staged_bytes = 0;
   };
+  // All-gathers `in` (this rank's chunks) into `out`. Chunks in host memory (offload_param) are
+  // first copied up, and copy and collective run on the copy stream.
+  CommWork all_gather(const FlatGroup& group, Gather& x, at::Tensor out, const at::Tensor& in,
+                      const std::string& what);
   // A parameter's full value into its group's storage and shard (write_tensor_values).
   void write(int64_t param_index, const at::Tensor& full);
   void gather(const std::vector<int64_t>& params);
@@ -145,6 +151,7 @@ class ParamGatherer {
   std::map<int64_t, Gather> gathers_;
   int64_t next_gather_id_ = 0;
   GatherCounters counters_;
+  std::unique_ptr<CopyStream> up_;  // offload_param: where chunks come up from host memory
 };
 
 }  // namespace zeroshard

@@ -50,7 +50,10 @@ std::pair<int64_t, int64_t> ShardedGradReducer::accumulate(const Bucket& b, cons
   at::Tensor shard = g.owned_grads().narrow(0, begin - own.begin, end - begin);
   // Mixed dtypes add in the wider one, rounding once into the shard's.
   ops::add_scaled_(shard, reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
-  return {begin - own.begin, end - begin};
+  // The flat buffer's padding after the last tensor is in no bucket and stays zero: it is final
+  // with the last bucket, so the owned range is reported whole.
+  const int64_t final_end = end == g.layout().total_numel ? own.end : end;
+  return {begin - own.begin, final_end - begin};
 }
 
 }  // namespace zeroshard

@@ -84,7 +84,7 @@ at::Tensor grad_range(const FlatGroup& g, const std::vector<std::pair<int64_t, a
   for (const auto& [offset, grad] : pieces) {
     if (offset <= begin && begin + numel <= offset + grad.numel()) return grad.narrow(0, begin - offset, numel);
   }
-  at::Tensor out = at::empty({numel}, g.grad_options());
+  at::Tensor out = at::empty({numel}, g.device_options());
   g.copy_owned_grads(begin, numel, out);
   return out;
 }

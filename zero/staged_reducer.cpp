@@ -62,7 +62,7 @@ int StagedReducer::acquire_buffer(const Bucket& b) {
 }
 
 at::TensorOptions StagedReducer::comm_options() const {
-  const auto grads = groups_[0]->grad_options();
+  const auto grads = groups_[0]->device_options();
   return opt_.comm_dtype != at::ScalarType::Undefined ? grads.dtype(opt_.comm_dtype) : grads;
 }
 

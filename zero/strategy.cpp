@@ -17,6 +17,10 @@ void require_buildable(const ZeroConfig& config) {
                                     "build does not run yet; expected \"none\" or \"cpu\""));
     }
   }
+  if (opt.device == "cpu" && config.stage == 0) {
+    throw ConfigError("zero_optimization.offload_optimizer.device: got \"cpu\" at stage 0; optimizer "
+                      "offload moves a rank's shard of the optimizer, so it needs stage 1, 2 or 3");
+  }
   if (param.device == "cpu" && config.stage != 3) {
     throw ConfigError(detail::cat("zero_optimization.offload_param.device: got \"cpu\" at stage ",
                                   config.stage, "; parameter offload needs stage 3 (only stage 3 "

@@ -33,7 +33,8 @@ class ZeroStrategy {
 };
 
 // Refuses what the zero_optimization block asks for and this build cannot do (NVMe offload,
-// parameter offload below stage 3), naming the keys. The engine and zero.Init call it before they touch the model; make_strategy too.
+// optimizer offload at stage 0, parameter offload below stage 3), naming the keys. The engine
+// and zero.Init call it before they touch the model; make_strategy too.
 void require_buildable(const ZeroConfig& config);
 std::unique_ptr<ZeroStrategy> make_strategy(const ZeroConfig& config);
 

@@ -22,12 +22,8 @@ constexpr size_t kUploadsInFlight = 2;
 }  // namespace
 
 SubGroupRunner::SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
-                               HostPool& pool, CopyStream& copies, Residency params_residency)
-    : groups_(std::move(groups)),
-      shards_(std::move(shards)),
-      pool_(pool),
-      copies_(copies),
-      params_residency_(params_residency) {}
+                               HostPool& pool, CopyStream& copies)
+    : groups_(std::move(groups)), shards_(std::move(shards)), pool_(pool), copies_(copies) {}
 
 SubGroupRunner::~SubGroupRunner() { forget_early_gradients(); }
 
@@ -111,11 +107,11 @@ void SubGroupRunner::update_in_place(const Pieces& pieces, const Job& job, const
     if (!shard.shares_model_copy(lo, hi - lo)) {
       target = group.owned_params().narrow(0, lo, hi - lo);
       if (target.scalar_type() != at::kFloat) {
-        p.param16 = params_residency_ == Residency::device ? target : at::empty_like(p.grad, target.options().device(p.grad.device()));
+        p.param16 = !group.params_on_host() ? target : at::empty_like(p.grad, target.options().device(p.grad.device()));
       }
     }
     update(job.g, p);
-    if (target.defined() && params_residency_ == Residency::host) {
+    if (target.defined() && group.params_on_host()) {
       const auto t = Clock::now();
       // why: the next gather reads these chunks, and p.param16 is freed when this returns.
       CopyStream::wait_host(copies_.copy(target, p.param16.defined() ? p.param16 : p.master));
@@ -140,7 +136,7 @@ void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update&
   const bool fp32_model = target.scalar_type() == at::kFloat;
   // The parameters live on the device, or in host memory beside this state (ZeRO-3 chunks
   // under offload_param): then the kernel writes them where they are.
-  const bool upload = params_residency_ != Residency::host;
+  const bool upload = !group.params_on_host();
   Upload u;
   if (!fp32_model) {
     // Either way the kernel writes the 16-bit values on the host, in the same pass.
@@ -149,7 +145,7 @@ void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update&
   }
   const auto t_update = Clock::now();
   update(job.g, p);
-  times_.update_ms += ms_since(t_update);
+  times_.host_step_ms += ms_since(t_update);
   pool_.release(staged.grad_buffer);
   if (upload || fp32_model) {
     const auto t = Clock::now();

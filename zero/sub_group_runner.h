@@ -20,20 +20,21 @@
 
 namespace zeroshard {
 
-// Where a step's time went on the host (for wall_clock_breakdown and bench/offload.py).
+// Where a step's host time went with offload (bench/offload.py reads it; the step-phase
+// reporting of the observability work will too).
 struct StagedStepTimes {
-  double transfer_ms = 0.0;  // copying and waiting for copies, down and up, in the step
-  double update_ms = 0.0;    // the kernels' updates of host-resident sub-groups
+  double transfer_ms = 0.0;   // copying and waiting for copies, down and up, in the step
+  double host_step_ms = 0.0;  // the kernels' updates of host-resident sub-groups
   int64_t early_sub_groups = 0;  // host sub-groups whose gradients came down during backward
 };
 
 class SubGroupRunner {
  public:
-  // `groups[g]`'s optimizer state is `shards[g]`; all outlive this. `params_residency`: where
-  // the groups' model-dtype parameters (the update's target) live: host for ZeRO-3 chunks
-  // under offload_param.
+  // `groups[g]`'s optimizer state is `shards[g]`; all outlive this. The update writes each
+  // group's parameters where they live (FlatGroup::params_on_host: ZeRO-3 chunks under
+  // offload_param), through a copy when that is not where the sub-group steps.
   SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, HostPool& pool,
-                 CopyStream& copies, Residency params_residency);
+                 CopyStream& copies);
   ~SubGroupRunner();
   SubGroupRunner(const SubGroupRunner&) = delete;
   SubGroupRunner& operator=(const SubGroupRunner&) = delete;
@@ -78,7 +79,6 @@ class SubGroupRunner {
   std::vector<OptimizerShard*> shards_;
   HostPool& pool_;
   CopyStream& copies_;
-  Residency params_residency_;
   std::map<std::pair<size_t, int64_t>, Staged> early_;  // (group, sub-group begin)
   StagedStepTimes times_;
 };

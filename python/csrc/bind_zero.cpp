@@ -269,7 +269,7 @@ void bind_zero(py::module_& m) {
       .def("last_step_times", [](const ZeroOptimizer& o) {
              py::dict d;
              d["transfer_ms"] = o.last_step_times().transfer_ms;
-             d["host_step_ms"] = o.last_step_times().update_ms;
+             d["host_step_ms"] = o.last_step_times().host_step_ms;
              d["early_sub_groups"] = o.last_step_times().early_sub_groups;
              return d;
            })

@@ -38,15 +38,18 @@ _CPU_OPTIMIZERS = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion"
 def client_optimizer_spec(opt: torch.optim.Optimizer, settings: dict) -> dict:
     """The kernel spec a client optimizer maps to; `settings` is _C.engine_settings(config)."""
     name = type(opt).__name__
+    # By class, subclasses included (DeepSpeed checks isinstance).
+    is_cpu_optimizer = any(c.__name__ in _CPU_OPTIMIZERS for c in type(opt).__mro__)
     if (settings["offload_optimizer"] != "none" and settings["zero_force_ds_cpu_optimizer"]
-            and name not in _CPU_OPTIMIZERS):
+            and not is_cpu_optimizer):
         # DeepSpeed's rule, kept so a config behaves the same on both. zeroshard would step a
         # torch optimizer on its own host kernels anyway, so false loses nothing here.
         raise ValueError(
             f"optimizer: a client {name} with zero_optimization.offload_optimizer.device "
             f"\"{settings['offload_optimizer']}\" is refused while \"zero_force_ds_cpu_optimizer\" is "
             "true (the default, as in DeepSpeed): pass zeroshard.ops.adam.DeepSpeedCPUAdam (or "
-            "DeepSpeedCPULion), name the optimizer in the config's \"optimizer\" block, or set "
+            "DeepSpeedCPUAdagrad / DeepSpeedCPULion), name the optimizer in the config's "
+            "\"optimizer\" block, or set "
             "\"zero_force_ds_cpu_optimizer\": false; the step is the same host kernel either way")
     if name not in _CLIENT_TYPES:
         raise ValueError(

@@ -78,3 +78,8 @@ def run_distributed(fn, world_size, *args, timeout=180, env=None, **kwargs):
     if skips:
         pytest.skip(skips[0])
     return [got[r][1] for r in range(world_size)]
+
+
+# engine.memory_bytes()'s host categories, all zero in a run without offload (issue 19).
+NO_HOST_BYTES = {"host_parameters": 0, "host_master_weights": 0, "host_optimizer_state": 0,
+                 "host_buffers": 0}

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from harness import run_distributed
+from harness import NO_HOST_BYTES, run_distributed
 from models import global_batch, tiny_gpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,7 +146,7 @@ def memory_worker(stage, precision):
     shard = ppad // world if stage >= 1 else ppad
     expect = {"parameters": half * ppad, "gradients": half * (shard if stage >= 2 else ppad),
               "master_weights": 4 * shard if precision == "bf16" else 0,
-              "optimizer_state": 8 * shard, "gathered_parameters": 0, "comm_buffers": 0}
+              "optimizer_state": 8 * shard, "gathered_parameters": 0, "comm_buffers": 0, **NO_HOST_BYTES}
     # The optimizer state is created by the first step (as torch.optim does), so that set-up never
     # holds it next to the caller's original parameters.
     got = engine.memory_bytes()
@@ -214,7 +214,7 @@ def zero3_memory_worker(threshold):
     got = engine.memory_bytes()
     expect = {"parameters": 2 * shard + 2 * persistent, "gradients": 2 * shard,
               "master_weights": 4 * shard, "optimizer_state": 8 * shard,
-              "gathered_parameters": 0, "comm_buffers": 0}
+              "gathered_parameters": 0, "comm_buffers": 0, **NO_HOST_BYTES}
     # The optimizer state comes with the first step; the gradient shard with each backward, and
     # it is freed again by the step.
     assert got == dict(expect, optimizer_state=0, gradients=0), (got, expect)
@@ -489,7 +489,8 @@ ERRORS = {
     "offload_param_below_stage_3": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
                                      "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
                                     'zero_optimization.offload_param.device: got "cpu" at stage 2; '
-                                    'parameter offload needs stage 3'),
+                                    'parameter offload needs stage 3 (only stage 3 partitions '
+                                    'parameters, so only it can keep them off the device)'),
     "no_optimizer": ({"train_batch_size": 4},
                      'optimizer: none given; add an "optimizer" block to the config (e.g. {"type": '
                      '"AdamW", "params": {"lr": 1e-4}}) or pass initialize(optimizer=...)'),

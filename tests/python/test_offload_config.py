@@ -38,6 +38,8 @@ def _config(stage=2, offload_optimizer=True, offload_param=False, optimizer=ADAM
 
 REFUSED = {
     # Parameter offload moves ZeRO-3's chunks; below stage 3 there are none.
+    # Optimizer offload moves a rank's shard of the optimizer; stage 0 has none.
+    "offload_optimizer-stage0": (_config(0), ("offload_optimizer", "stage 0", "stage 1, 2 or 3")),
     "offload_param-stage0": (_config(0, offload_optimizer=False, offload_param=True),
                              ("offload_param", "stage 3")),
     "offload_param-stage1": (_config(1, offload_optimizer=False, offload_param=True),

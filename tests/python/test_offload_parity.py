@@ -49,7 +49,16 @@ def _assert_residency(engine, optimizer=True, param=False, ratio=1.0, **_):
         assert got["host_parameters"] == 0 and got["parameters"] > 0, got
 
 
-def offload_parity_worker(stage, precision, gas, offload):
+def _assert_early_copies(engine, stage):
+    """At stages 2 and 3 every host sub-group's gradients came down during backward (the reducer
+    reports each bucket's part final, padding included); at stage 1 (param.grad reachable) none."""
+    host = sum(1 for g in range(len(engine.optimizer.param_groups))
+               for _, _, where in engine._core.sub_groups(g) if where == "host")
+    early = engine._core.last_step_times()["early_sub_groups"]
+    assert early == (host if stage >= 2 else 0), (early, host, stage)
+
+
+def offload_parity_worker(stage, precision, gas, offload, model="gpt"):
     """test_zero_parity's worker on an offload config, then the residency check on its engine
     (the worker builds the engine itself; initialize is wrapped, in this rank's process only, to
     keep a handle on it)."""
@@ -64,11 +73,12 @@ def offload_parity_worker(stage, precision, gas, offload):
 
     zeroshard.initialize = keep_engine
     try:
-        parity_worker("gpt", stage, precision, gas, ADAMW, CLIP, BUCKET, STEPS,
+        parity_worker(model, stage, precision, gas, ADAMW, CLIP, BUCKET, STEPS,
                       {"zero_optimization": _zero_block(stage, **offload)})
     finally:
         zeroshard.initialize = initialize
     _assert_residency(engines[0], **offload)
+    _assert_early_copies(engines[0], stage)
 
 
 OPT = {"optimizer": True}
@@ -115,6 +125,21 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_offload_parity(stage, precision, gas, world, offload):
     run_distributed(offload_parity_worker, world, stage, precision, gas, offload, timeout=300)
+
+
+# The awkward model: a frozen layer (at stage 3 partitioned into host chunks too), a parameter
+# that gets no gradient, a layer used twice, and sizes that leave padding in the flat buffer.
+AWKWARD = [
+    ("s2-fp32-gas2-w2", 2, "fp32", 2, 2, OPT),
+    ("s3-fp32-gas1-w2-param", 3, "fp32", 1, 2, OPT_PARAM),
+    ("s3-fp32-gas2-w2-param-only", 3, "fp32", 2, 2, PARAM_ONLY),  # (its inputs are fp32)
+]
+
+
+@pytest.mark.parametrize("stage,precision,gas,world,offload", [c[1:] for c in AWKWARD],
+                         ids=[c[0] for c in AWKWARD])
+def test_offload_parity_with_frozen_unused_and_padded_parameters(stage, precision, gas, world, offload):
+    run_distributed(offload_parity_worker, world, stage, precision, gas, offload, "awkward", timeout=300)
 
 
 # ----- fp16 overflow with offload: every rank skips, the scale drops -----

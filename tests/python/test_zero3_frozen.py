@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import run_distributed
+from harness import NO_HOST_BYTES, run_distributed
 
 D, V, RANK_R = 48, 24, 4
 
@@ -365,7 +365,7 @@ def bf16_memory_worker():
     # 16 bytes per trainable element over N (bf16 parameters, fp32 master and Adam state; the
     # gradient shard is freed by the step) and 2 per frozen one.
     expect = {"parameters": 2 * (shard_t + shard_f), "gradients": 0, "master_weights": 4 * shard_t,
-              "optimizer_state": 8 * shard_t, "gathered_parameters": 0, "comm_buffers": 0}
+              "optimizer_state": 8 * shard_t, "gathered_parameters": 0, "comm_buffers": 0, **NO_HOST_BYTES}
     got["comm_buffers"] = 0
     assert got == expect, (got, expect)
     assert all(torch.isfinite(torch.tensor(losses))), losses

@@ -171,7 +171,8 @@ _INIT_BLOCKS = ("fp16", "bf16", "zero_optimization")
 
 def _config_dtype(config):
     """The model dtype a ds_config asks for (DeepSpeed's zero.Init takes it from there when no
-    dtype is given); refuses what the engine would refuse (offload) with the engine's check."""
+    dtype is given); refuses what the engine would refuse (NVMe offload, parameter offload below
+    stage 3) with the engine's check."""
     import json
     from zeroshard.config import config_text
     from zeroshard.dtypes import PRECISIONS
@@ -204,9 +205,10 @@ class Init:
             raise ValueError(f"zero.Init(remote_device={remote_device!r}): expected None, 'cpu' or "
                              "'cuda' (NVMe offload is not implemented yet)")
         if remote_device == "cpu" and torch.cuda.is_available():
-            raise ValueError("zero.Init(remote_device='cpu'): keeping partitions in host memory "
-                             "on a CUDA machine is parameter offload, not implemented yet; expected "
-                             "None or 'cuda'")
+            raise ValueError("zero.Init(remote_device='cpu'): zero.Init keeps each chunk on the "
+                             "device it was built on, and initialize() moves the chunks to host "
+                             "memory when the config's zero_optimization.offload_param.device is "
+                             "\"cpu\"; expected None or 'cuda'")
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError("zero.Init: ZeRO++ quantized weights are not supported by zeroshard")
         for name, value in (("zero_param_parallel_group", zero_param_parallel_group),

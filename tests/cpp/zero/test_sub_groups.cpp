@@ -84,7 +84,7 @@ TEST_CASE("an update staged through host memory equals the update in place, bit 
         CopyStream copies(c10::Device(at::kCPU));
         auto plan = plan_sub_groups({owned_piece_begins(g)}, {g.owned().numel()}, 1, ratio);
         auto shard = make_shard(g, params, {}, cfg, std::move(plan[0]), pool, memory);
-        SubGroupRunner runner({&g}, {shard.get()}, pool, copies, Residency::device);
+        SubGroupRunner runner({&g}, {shard.get()}, pool, copies);
         at::manual_seed(7);
         const OptimizerRow& row = optimizer_row(cfg.type);
         for (int64_t step = 1; step <= 3; ++step) {
