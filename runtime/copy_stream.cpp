@@ -37,6 +37,14 @@ CopyFence CopyStream::copy(at::Tensor dst, const at::Tensor& src) {
   return done;
 }
 
+CopyFence CopyStream::mark_compute() const {
+  if (!side_) return nullptr;
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  auto mark = std::make_shared<c10::Event>(device_.type());
+  mark->record(impl.getStream(device_));
+  return mark;
+}
+
 void CopyStream::wait_host(const CopyFence& fence) {
   if (fence) fence->synchronize();
 }

@@ -23,6 +23,9 @@ class CopyStream {
   // dst <- src (equal numel, both contiguous), after the work queued on the device's current
   // stream so far: the values src holds once that work is done are the ones copied.
   CopyFence copy(at::Tensor dst, const at::Tensor& src);
+  // A fence for the work queued on the device's current (compute) stream so far; null on a CPU
+  // device, where that work is done already.
+  CopyFence mark_compute() const;
   // The host blocks until the copy is done: before the CPU reads a buffer copied down, or a
   // buffer a copy reads or writes is used for something else.
   static void wait_host(const CopyFence& fence);

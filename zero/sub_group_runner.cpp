@@ -172,6 +172,15 @@ void SubGroupRunner::run(const Update& update) {
       }
     }
   }
+  // Host sub-groups of groups whose chunks live in host memory write those chunks in place, and
+  // the gathers' copies up read them: every gather was completed (the compute stream waited for
+  // it) before the step, so once the compute stream's work so far is done, none is pending.
+  for (const Job& job : host) {
+    if (groups_[job.g]->params_on_host()) {
+      CopyStream::wait_host(copies_.mark_compute());  // why: no copy up may still read a chunk
+      break;
+    }
+  }
   std::vector<Upload> uploads;
   size_t finished = 0;
   Staged next = host.empty() ? Staged{} : prepare(pieces[host[0].g], host[0]);
