@@ -54,8 +54,19 @@ void CopyStream::on_copy_stream(const std::function<void()>& issue) const {
     issue();
     return;
   }
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  // why: what `issue` writes may be memory the compute stream's queued kernels still read.
+  c10::Event ready(device_.type());
+  ready.record(impl.getStream(device_));
+  ready.block(*side_);
   c10::StreamGuard on_side(*side_);
   issue();
+}
+
+void CopyStream::keep_for_compute(const at::Tensor& t) const {
+  if (!side_) return;
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  impl.recordDataPtrOnStream(t.storage().data_ptr(), impl.getStream(device_));
 }
 
 void CopyStream::wait_device(const CopyFence& fence) const {

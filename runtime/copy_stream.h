@@ -33,10 +33,14 @@ class CopyStream {
   // copied up.
   void wait_device(const CopyFence& fence) const;
   // Runs `issue` with the copy stream as the device's current stream (on a CPU device it just
-  // runs it): copies it makes and collectives it starts wait for what the copy stream has
-  // queued, not for the compute stream, so they overlap compute. Tensors the compute stream
-  // will read must be allocated outside it.
+  // runs it), after the compute stream's work queued so far: the copies it makes and the
+  // collectives it starts then overlap the compute queued after them, and may write buffers the
+  // caching allocator handed back from the compute stream (earlier kernels may still read them).
   void on_copy_stream(const std::function<void()>& issue) const;
+  // A tensor allocated inside on_copy_stream and read by a collective there: its memory is not
+  // reused before the compute stream reaches this point (call it after the compute stream has
+  // waited for that collective). Nothing on a CPU device.
+  void keep_for_compute(const at::Tensor& t) const;
 
  private:
   c10::Device device_;

@@ -45,6 +45,7 @@ ParamGatherer::~ParamGatherer() {
   for (auto& [id, g] : gathers_) {
     finish(g.work);
     for (auto& w : g.direct_works) finish(w);
+    memory_.release(MemoryCategory::comm_buffers, g.staged_bytes);
   }
   for (auto& p : params_) {
     if (p.gathered || p.in_flight >= 0) memory_.release(category(p), gathered_bytes(p));
@@ -305,12 +306,18 @@ void ParamGatherer::complete_gather(int64_t id) {
   ZS_CHECK(it != gathers_.end(), "ParamGatherer: no gather #", id, " in flight");
   Gather x = std::move(it->second);
   gathers_.erase(it);
-  // The staged chunks are released once their collectives are waited for, below.
+  // The staged chunks are released once their collectives are waited for, below: their memory
+  // is kept from reuse until the compute stream, which those waits ordered after the
+  // collectives, gets there.
   struct ReleaseStaged {
+    const Gather& x;
     MemoryAccount& memory;
-    int64_t bytes;
-    ~ReleaseStaged() { memory.release(MemoryCategory::comm_buffers, bytes); }
-  } release_staged{memory_, x.staged_bytes};
+    const CopyStream* up;
+    ~ReleaseStaged() {
+      for (const at::Tensor& t : x.staged) up->keep_for_compute(t);
+      memory.release(MemoryCategory::comm_buffers, x.staged_bytes);
+    }
+  } release_staged{x, memory_, up_.get()};
   const FlatGroup& group = *groups_[size_t(x.group)];
   const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();

@@ -46,13 +46,16 @@ std::pair<int64_t, int64_t> ShardedGradReducer::accumulate(const Bucket& b, cons
   const ShardRange own = g.owned();
   const int64_t begin = std::max(own.begin, b.spec.offset);
   const int64_t end = std::min(own.end, b.spec.offset + b.spec.numel);
+  const int64_t total = g.layout().total_numel;
+  // A rank whose owned range is padding only is final with the last bucket too.
+  if (own.begin >= total) return {0, b.spec.offset + b.spec.numel == total ? own.numel() : 0};
   if (end <= begin) return {0, 0};
   at::Tensor shard = g.owned_grads().narrow(0, begin - own.begin, end - begin);
   // Mixed dtypes add in the wider one, rounding once into the shard's.
   ops::add_scaled_(shard, reduced.narrow(0, begin - b.spec.offset, end - begin), scale);
   // The flat buffer's padding after the last tensor is in no bucket and stays zero: it is final
   // with the last bucket, so the owned range is reported whole.
-  const int64_t final_end = end == g.layout().total_numel ? own.end : end;
+  const int64_t final_end = end == total ? own.end : end;
   return {begin - own.begin, final_end - begin};
 }
 

@@ -38,10 +38,10 @@ _CPU_OPTIMIZERS = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion"
 def client_optimizer_spec(opt: torch.optim.Optimizer, settings: dict) -> dict:
     """The kernel spec a client optimizer maps to; `settings` is _C.engine_settings(config)."""
     name = type(opt).__name__
-    # By class, subclasses included (DeepSpeed checks isinstance).
-    is_cpu_optimizer = any(c.__name__ in _CPU_OPTIMIZERS for c in type(opt).__mro__)
+    # By exact class, as _CLIENT_TYPES maps them: a subclass may change the update, so it is
+    # refused below whatever this rule says (DeepSpeed's isinstance would take it).
     if (settings["offload_optimizer"] != "none" and settings["zero_force_ds_cpu_optimizer"]
-            and not is_cpu_optimizer):
+            and name not in _CPU_OPTIMIZERS):
         # DeepSpeed's rule, kept so a config behaves the same on both. zeroshard would step a
         # torch optimizer on its own host kernels anyway, so false loses nothing here.
         raise ValueError(
