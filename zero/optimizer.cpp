@@ -77,7 +77,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   const bool offload_param = zc.offload_param.device == "cpu";
   ZS_REQUIRE(!groups.front().empty(), "ZeroOptimizer: the first parameter group has no parameters");
   const c10::Device device = groups.front().front().device();
-  // Pinning is asked once for the run: by either offload block, as DeepSpeed pins both.
+  // One host pool for the run, so either offload block's pin_memory pins all of it.
   const bool pin = (zc.offload_optimizer.pin_memory || zc.offload_param.pin_memory) && device.is_cuda();
   spec.params_on_host = offload_param;
   spec.pin_host = pin;
