@@ -2,7 +2,7 @@
 # steps that are already satisfied.
 PY        ?= python3
 PIP       := $(PY) -m pip
-APT_PKGS  := nlohmann-json3-dev catch2 ccache cmake g++ openssh-server openssh-client iproute2 procps
+APT_PKGS  := nlohmann-json3-dev catch2 ccache cmake g++ openssh-server openssh-client iproute2 procps liburing-dev libaio-dev fio
 NPROC     := $(shell nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1

@@ -57,9 +57,13 @@ at::Tensor FullValues::get(int64_t index, const std::string& what) {
       } else {
         // A frozen parameter's values are its model copy (stage 3 chunks).
         const int64_t b = piece->buffer_begin, n = piece->numel;
-        dst.copy_(!at.shard ? g->owned_params().narrow(0, b, n)
-                  : state >= 0 ? at.shard->state(size_t(state), b, n)
-                               : at.shard->master(b, n));
+        if (!at.shard) {
+          dst.copy_(g->owned_params().narrow(0, b, n));
+        } else {
+          at.shard->make_resident();  // NVMe state is read through host memory
+          dst.copy_(state >= 0 ? at.shard->state(size_t(state), b, n) : at.shard->master(b, n));
+          at.shard->end_resident(false);
+        }
       }
     }
     // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.
@@ -102,11 +106,13 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
     }
     return;
   }
-  at.shard->create_state();  // now when no step has created it yet
+  at.shard->make_resident();  // NVMe state is written through host memory
+  at.shard->create_state();   // now when no step has created it yet
   if (const auto piece = g->owned_piece(t)) {
     at.shard->state(size_t(state), piece->buffer_begin, piece->numel)
         .copy_(full.narrow(0, piece->tensor_begin, piece->numel));
   }
+  at.shard->end_resident(true);
 }
 
 }  // namespace zeroshard

@@ -73,7 +73,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ZS_CHECK(prechunked_shapes.empty() || prechunked_shapes.size() == groups.size(),
            "ZeroOptimizer: ", prechunked_shapes.size(), " shape lists for ", groups.size(), " groups");
   const ZeroConfig& zc = config.zero_optimization;
-  const bool offload = zc.offload_optimizer.device == "cpu";
+  const bool nvme = zc.offload_optimizer.device == "nvme";
+  const bool offload = zc.offload_optimizer.device == "cpu" || nvme;
   const bool offload_param = zc.offload_param.device == "cpu";
   ZS_REQUIRE(!groups.front().empty(), "ZeroOptimizer: the first parameter group has no parameters");
   const c10::Device device = groups.front().front().device();
@@ -83,7 +84,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   spec.pin_host = pin;
   if ((offload || offload_param) && optimizer_row(optimizer_.type).tensor_norms) {
     throw ConfigError(detail::cat(
-        "zero_optimization.", offload ? "offload_optimizer" : "offload_param", ".device: \"cpu\" with optimizer ",
+        "zero_optimization.", offload ? "offload_optimizer" : "offload_param", ".device: \"",
+        offload ? zc.offload_optimizer.device : zc.offload_param.device, "\" with optimizer ",
         optimizer_.type, offload ? ", whose per-tensor trust ratio has no host-staged form"
                                  : ", whose per-tensor step writes the parameters in place, where "
                                    "offload_param keeps only host chunks",
@@ -91,6 +93,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   }
   pool_ = std::make_unique<HostPool>(pin, device, memory_);
   copies_ = std::make_unique<CopyStream>(device);
+  if (nvme) swap_ = std::make_unique<SwapSpace>(config, comm_->rank(), *pool_);
   std::vector<FlatGroup*> raw;
   for (size_t g = 0; g < groups.size(); ++g) {
     GroupSpec group_spec = spec;
@@ -108,15 +111,18 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     owned_numels.push_back(g->owned().numel());
   }
   auto sub_groups = plan_sub_groups(piece_begins, owned_numels, zc.sub_group_size,
-                                    offload ? zc.offload_optimizer.ratio : 0.0);
+                                    offload ? zc.offload_optimizer.ratio : 0.0,
+                                    nvme ? Residency::nvme : Residency::host);
   for (size_t g = 0; g < groups.size(); ++g) {
     shards_.push_back(make_shard(*groups_[g], groups[g],
                                  prechunked_shapes.empty() ? std::vector<ChunkedShape>{} : prechunked_shapes[g],
-                                 optimizer_, std::move(sub_groups[g]), *pool_, memory_));
+                                 optimizer_, std::move(sub_groups[g]), *pool_, memory_, swap_.get(),
+                                 detail::cat("optimizer_group", g, ".swp")));
   }
+  if (swap_) write_out_swapped();
   std::vector<OptimizerShard*> shards;
   for (const auto& s : shards_) shards.push_back(s.get());
-  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_);
+  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_, swap_.get());
   ReduceOptions ro;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
@@ -156,6 +162,21 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_, *runner_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,
                                               coordinator_ ? &coordinator_->gatherer() : nullptr);
+}
+
+void ZeroOptimizer::write_out_swapped() {
+  // Space for every file first, so a full disk is one error with the total, before any write.
+  int64_t bytes = 0;
+  for (const auto& shard : shards_) {
+    for (const ShardPart& p : shard->parts()) bytes += p.swapped ? p.swapped->file_bytes() : 0;
+  }
+  swap_->dir().require_space(bytes);
+  for (const auto& shard : shards_) {
+    for (const ShardPart& p : shard->parts()) {
+      if (p.swapped) p.swapped->preallocate();
+    }
+    shard->end_resident(true);  // the seeded masters go to disk; host memory keeps none of them
+  }
 }
 
 void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
@@ -222,6 +243,7 @@ std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups.push_back(groups_[g].get());
     shards.push_back(shards_[g].get());
+    shards_[g]->make_resident();  // NVMe state read into host memory until end_entries
   }
   return zeroshard::shard_entries(groups, shards, frozen_.get(), *strategy_, with_state);
 }
@@ -230,7 +252,14 @@ void ZeroOptimizer::drop_optimizer_state() {
   for (auto& shard : shards_) shard->drop_state();
 }
 
+void ZeroOptimizer::end_entries(bool written) {
+  for (auto& shard : shards_) {
+    if (shard->resident()) shard->end_resident(written);
+  }
+}
+
 void ZeroOptimizer::after_load() {
+  end_entries(true);
   if (!coordinator_) return;
   coordinator_->release_gathered();
   coordinator_->gatherer().refresh_persistent(/*include_frozen=*/true);

@@ -100,11 +100,17 @@ class ZeroOptimizer {
   // DeepSpeed's safe_get_full_* / safe_set_full_*.
   FullValues& full_values() { return *full_values_; }
   // What this rank holds, for checkpoints (shard_entries.h); `with_state` creates the optimizer
-  // state where no step has run yet, for a load to fill.
+  // state where no step has run yet, for a load to fill. NVMe state is read into host memory for
+  // it and stays there until end_entries() (a reader, which may keep using its views: they hold
+  // their memory) or after_load() (a writer: written back to disk).
   std::vector<ShardEntry> shard_entries(bool with_state);
-  // After a load wrote into shard_entries' views between steps: stage 3 releases what is gathered
-  // and gathers the persistent parameters again from the new chunks.
+  void end_entries(bool written);
+  // After a load wrote into shard_entries' views between steps: NVMe state is written back,
+  // stage 3 releases what is gathered and gathers the persistent parameters again from the new
+  // chunks.
   void after_load();
+  // offload_optimizer.device "nvme": the I/O engine in use and why; empty otherwise.
+  std::string swap_backend() const { return swap_ ? swap_->backend() : std::string(); }
   // A checkpoint saved before its first step was loaded: every shard's optimizer state is freed
   // and created again by the next step.
   void drop_optimizer_state();
@@ -114,6 +120,9 @@ class ZeroOptimizer {
   // those that `chunked` marks as already partitioned from rank 0's values.
   void broadcast_from_rank0(const std::vector<at::Tensor>& params,
                             const std::vector<ChunkedShape>& chunked);
+  // NVMe: checks the disk space of every shard's file, allocates them and writes the seeded
+  // masters out.
+  void write_out_swapped();
 
   std::shared_ptr<Comm> comm_;
   Config config_;
@@ -121,6 +130,7 @@ class ZeroOptimizer {
   MemoryAccount memory_;
   std::unique_ptr<HostPool> pool_;       // offload's host buffers (empty without offload)
   std::unique_ptr<CopyStream> copies_;
+  std::unique_ptr<SwapSpace> swap_;      // offload_optimizer.device "nvme"; before the shards' files
   std::unique_ptr<ZeroStrategy> strategy_;
   std::vector<std::unique_ptr<FlatGroup>> groups_;
   std::vector<std::unique_ptr<OptimizerShard>> shards_;  // one per group

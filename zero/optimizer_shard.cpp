@@ -22,19 +22,24 @@ OptimizerShard::OptimizerShard(std::vector<ShardPart> parts, std::vector<SubGrou
              "OptimizerShard: the parts must tile the owned range with flat fp32 masters");
     numel_ += p.numel;
     if (!p.shares_model_copy) memory_.add(category(p, MemoryCategory::master_weights), p.master.nbytes());
+    if (p.swapped) resident_ = 1;  // seeded in host memory, then written out (end_resident)
   }
   for (const SubGroup& sg : sub_groups_) part(sg.begin, sg.numel);  // each inside one part
 }
 
 OptimizerShard::~OptimizerShard() {
   drop_state();
-  for (const ShardPart& p : parts_) {
-    if (!p.shares_model_copy) memory_.release(category(p, MemoryCategory::master_weights), p.master.nbytes());
+  for (ShardPart& p : parts_) {
+    if (p.swapped) {
+      free_resident(p);
+    } else if (!p.shares_model_copy) {
+      memory_.release(category(p, MemoryCategory::master_weights), p.master.nbytes());
+    }
   }
 }
 
 MemoryCategory OptimizerShard::category(const ShardPart& p, MemoryCategory device_category) const {
-  return p.residency == Residency::host ? host_category(device_category) : device_category;
+  return p.residency != Residency::device ? host_category(device_category) : device_category;
 }
 
 const ShardPart& OptimizerShard::part(int64_t begin, int64_t numel) const {
@@ -51,28 +56,39 @@ ShardPart& OptimizerShard::part_mut(int64_t begin, int64_t numel) {
 
 at::Tensor OptimizerShard::master(int64_t begin, int64_t numel) const {
   const ShardPart& p = part(begin, numel);
+  ZS_CHECK(p.master.defined(), "OptimizerShard::master: [", begin, ", ", begin + numel,
+           ") is on NVMe and the shard is not resident");
   return p.master.narrow(0, begin - p.begin, numel);
 }
 
 at::Tensor OptimizerShard::state(size_t slot, int64_t begin, int64_t numel) {
   create_state();
   ShardPart& p = part_mut(begin, numel);
+  ZS_CHECK(!p.state.empty(), "OptimizerShard::state: [", begin, ", ", begin + numel,
+           ") is on NVMe and the shard is not resident");
   return p.state.at(slot).narrow(0, begin - p.begin, numel);
 }
 
-at::Tensor OptimizerShard::master_values() const {
+at::Tensor OptimizerShard::master_values() {
+  make_resident();
   std::vector<at::Tensor> pieces;
-  for (const ShardPart& p : parts_) pieces.push_back(p.master.cpu());
-  return pieces.size() == 1 ? pieces[0].clone() : at::cat(pieces);
+  for (const ShardPart& p : parts_) pieces.push_back(p.master.cpu().clone());
+  end_resident(false);
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces);
+}
+
+void OptimizerShard::add_state(ShardPart& p) {
+  for (size_t i = 0; i < row_.state_names.size(); ++i) {
+    p.state.push_back(at::full({p.numel}, state_init_, p.master.options().pinned_memory(false)));
+    memory_.add(category(p, MemoryCategory::optimizer_state), p.state.back().nbytes());
+  }
 }
 
 void OptimizerShard::create_state() {
   if (has_state_) return;
   for (ShardPart& p : parts_) {
-    for (size_t i = 0; i < row_.state_names.size(); ++i) {
-      p.state.push_back(at::full({p.numel}, state_init_, p.master.options().pinned_memory(false)));
-      memory_.add(category(p, MemoryCategory::optimizer_state), p.state.back().nbytes());
-    }
+    // A non-resident NVMe part's state is created where it lives: its first read fills it.
+    if (p.master.defined()) add_state(p);
   }
   has_state_ = true;
 }
@@ -81,8 +97,52 @@ void OptimizerShard::drop_state() {
   for (ShardPart& p : parts_) {
     for (const at::Tensor& s : p.state) memory_.release(category(p, MemoryCategory::optimizer_state), s.nbytes());
     p.state.clear();
+    if (p.swapped) p.swapped->forget_state();
   }
   has_state_ = false;
+}
+
+void OptimizerShard::make_resident() {
+  if (resident_++ > 0) return;
+  for (ShardPart& p : parts_) {
+    if (!p.swapped) continue;
+    p.master = at::empty({p.numel}, at::kFloat);
+    memory_.add(category(p, MemoryCategory::master_weights), p.master.nbytes());
+    if (has_state_) add_state(p);
+    for (const SubGroup& sg : sub_groups_) {
+      if (sg.begin < p.begin || sg.begin >= p.begin + p.numel) continue;
+      std::vector<at::Tensor> state;
+      for (const at::Tensor& s : p.state) state.push_back(s.narrow(0, sg.begin - p.begin, sg.numel));
+      p.swapped->load(sg.begin, p.master.narrow(0, sg.begin - p.begin, sg.numel), state, state_init_);
+    }
+  }
+}
+
+void OptimizerShard::end_resident(bool written) {
+  ZS_CHECK(resident_ > 0, "OptimizerShard::end_resident without make_resident");
+  resident_written_ = resident_written_ || written;
+  if (--resident_ > 0) return;
+  const bool write = resident_written_;
+  resident_written_ = false;
+  for (ShardPart& p : parts_) {
+    if (!p.swapped) continue;
+    if (write) {
+      for (const SubGroup& sg : sub_groups_) {
+        if (sg.begin < p.begin || sg.begin >= p.begin + p.numel) continue;
+        std::vector<at::Tensor> state;
+        for (const at::Tensor& s : p.state) state.push_back(s.narrow(0, sg.begin - p.begin, sg.numel));
+        p.swapped->store(sg.begin, p.master.narrow(0, sg.begin - p.begin, sg.numel), state);
+      }
+    }
+    free_resident(p);
+  }
+}
+
+void OptimizerShard::free_resident(ShardPart& p) {
+  if (p.master.defined()) memory_.release(category(p, MemoryCategory::master_weights), p.master.nbytes());
+  for (const at::Tensor& s : p.state) memory_.release(category(p, MemoryCategory::optimizer_state), s.nbytes());
+  p.master = at::Tensor();
+  p.state.clear();
 }
 
 int64_t OptimizerShard::slot(const std::string& what) const {
@@ -103,8 +163,10 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
   if (!shard) return;
   if (const auto piece = storage.owned_piece(i)) {
     if (shard->shares_model_copy(piece->buffer_begin, piece->numel)) return;
+    shard->make_resident();  // an NVMe part's master is written through a host copy
     shard->master(piece->buffer_begin, piece->numel)
         .copy_(full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
+    shard->end_resident(true);
   }
 }
 
@@ -121,15 +183,17 @@ std::vector<int64_t> owned_piece_begins(const FlatGroup& storage) {
 std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::vector<at::Tensor>& values,
                                            const std::vector<ChunkedShape>& prechunked,
                                            const OptimizerConfig& config, std::vector<SubGroup> sub_groups,
-                                           const HostPool& pool, MemoryAccount& memory) {
+                                           const HostPool& pool, MemoryAccount& memory,
+                                           SwapSpace* swap, const std::string& swap_name) {
   const OptimizerRow& row = optimizer_row(config.type);
   const double init = row.state_init(config);
   const at::Tensor owned = storage.owned_params();
   const int64_t numel = owned.numel();
   const int64_t split = host_split(sub_groups, numel);
   std::vector<ShardPart> parts;
+  const Residency offloaded = swap ? Residency::nvme : Residency::host;
   for (const auto& [begin, end, residency] : {std::tuple{int64_t(0), split, Residency::device},
-                                              std::tuple{split, numel, Residency::host}}) {
+                                              std::tuple{split, numel, offloaded}}) {
     if (end == begin && !(numel == 0 && residency == Residency::device)) continue;
     ShardPart p;
     p.begin = begin;
@@ -142,7 +206,15 @@ std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::
     } else {
       // Zero-filled so padding never carries garbage into norms.
       p.master = residency == Residency::host ? pool.allocate_zeros(p.numel, at::kFloat)
-                                              : at::zeros({p.numel}, storage.device_options().dtype(at::kFloat));
+                 : residency == Residency::nvme ? at::zeros({p.numel}, at::kFloat)  // resident until written out
+                                                : at::zeros({p.numel}, storage.device_options().dtype(at::kFloat));
+    }
+    if (residency == Residency::nvme) {
+      std::vector<SubGroup> mine;
+      for (const SubGroup& sg : sub_groups) {
+        if (sg.begin >= begin && sg.begin < end) mine.push_back(sg);
+      }
+      p.swapped = std::make_unique<SwappedPart>(*swap, swap_name, mine, optimizer_row(config.type).state_names.size());
     }
     parts.push_back(std::move(p));
   }

@@ -1,8 +1,8 @@
 // A rank's share of the optimizer: the fp32 master values of its owned range and the optimizer
 // state (the table row's tensors), in parts by residency: [0, split) on the parameters' device,
-// [split, numel) in host memory (offload_optimizer), either possibly empty. The optimizer step
-// reads the gradients and writes the model copy, but updates nothing else: offload moves this
-// object, not the step.
+// [split, numel) offloaded (offload_optimizer: host memory, or files on NVMe), either possibly
+// empty. The optimizer step reads the gradients and writes the model copy, but updates nothing
+// else: offload moves this object, not the step.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -14,6 +14,7 @@
 #include "runtime/optim/table.h"
 #include "zero/flat_group.h"
 #include "zero/sub_groups.h"
+#include "zero/swap_space.h"
 
 namespace zeroshard {
 
@@ -26,12 +27,16 @@ struct ShardPart {
   bool shares_model_copy = false;
   at::Tensor master;
   std::vector<at::Tensor> state;  // empty until created
+  // An NVMe part: its sub-groups live in this file, and `master` and `state` exist only while
+  // the shard is resident (OptimizerShard::make_resident); the step stages sub-groups itself.
+  std::unique_ptr<SwappedPart> swapped;
 };
 
 class OptimizerShard {
  public:
   // `parts` tile the owned range with their masters set; `sub_groups` (plan_sub_groups) tile it
-  // too, each inside one part. State is created on first use.
+  // too, each inside one part. State is created on first use. A shard with an NVMe part starts
+  // resident (make_resident), so its masters can be seeded; end_resident(true) writes them out.
   OptimizerShard(std::vector<ShardPart> parts, std::vector<SubGroup> sub_groups, const OptimizerRow& row,
                  double state_init, MemoryAccount& memory);
   ~OptimizerShard();
@@ -45,11 +50,21 @@ class OptimizerShard {
   // The part that holds [begin, begin + numel) (checked: a range never spans two).
   const ShardPart& part(int64_t begin, int64_t numel) const;
   bool shares_model_copy(int64_t begin, int64_t numel) const { return part(begin, numel).shares_model_copy; }
-  // Views of the master values and of state slot `slot` over [begin, begin + numel).
+  // Views of the master values and of state slot `slot` over [begin, begin + numel); a range of
+  // an NVMe part only while resident.
   at::Tensor master(int64_t begin, int64_t numel) const;
   at::Tensor state(size_t slot, int64_t begin, int64_t numel);
   // The whole owned range's master values, copied into one fp32 CPU tensor (for tests).
-  at::Tensor master_values() const;
+  at::Tensor master_values();
+  // NVMe parts: their master and state read into host tensors (accounted as host memory), for
+  // the reads and writes outside the step (checkpoints, safe_get/set, values written through
+  // GatheredParameters). Counted: each make_resident() has one end_resident(); the last end
+  // writes them back if any of them `written`, and frees them. No-ops without an NVMe part.
+  void make_resident();
+  void end_resident(bool written);
+  bool resident() const { return resident_ > 0; }
+  SwappedPart* swapped(int64_t begin, int64_t numel) const { return part(begin, numel).swapped.get(); }
+  double state_init() const { return state_init_; }
   // The state, created (and accounted) on first use, that is at the first optimizer step, as
   // torch.optim does: until then the caller's original parameter tensors are usually still
   // alive, and creating the state with them would raise the set-up peak above the steady state.
@@ -65,6 +80,8 @@ class OptimizerShard {
  private:
   ShardPart& part_mut(int64_t begin, int64_t numel);
   MemoryCategory category(const ShardPart& p, MemoryCategory device_category) const;
+  void add_state(ShardPart& p);
+  void free_resident(ShardPart& p);
 
   std::vector<ShardPart> parts_;
   std::vector<SubGroup> sub_groups_;
@@ -72,6 +89,8 @@ class OptimizerShard {
   const OptimizerRow& row_;
   double state_init_;
   bool has_state_ = false;
+  int64_t resident_ = 0;
+  bool resident_written_ = false;
   MemoryAccount& memory_;
 };
 
@@ -83,12 +102,14 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
 std::vector<int64_t> owned_piece_begins(const FlatGroup& storage);
 
 // Group `storage`'s shard over `sub_groups`. A device part's master is the model copy's owned
-// slice when the model is fp32, else a new fp32 tensor; a host part's is allocated by `pool`.
+// slice when the model is fp32, else a new fp32 tensor; a host part's is allocated by `pool`; an
+// NVMe part's file is `swap_name` in `swap` (which is then not null), its file not yet allocated.
 // New masters are seeded from the caller's fp32 `values` (one per tensor: whole, or this rank's
 // chunk where `prechunked` gives a full shape), not from the rounded 16-bit copy.
 std::unique_ptr<OptimizerShard> make_shard(const FlatGroup& storage, const std::vector<at::Tensor>& values,
                                            const std::vector<ChunkedShape>& prechunked,
                                            const OptimizerConfig& config, std::vector<SubGroup> sub_groups,
-                                           const HostPool& pool, MemoryAccount& memory);
+                                           const HostPool& pool, MemoryAccount& memory,
+                                           SwapSpace* swap = nullptr, const std::string& swap_name = {});
 
 }  // namespace zeroshard

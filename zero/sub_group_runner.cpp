@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "runtime/error.h"
 
@@ -22,8 +23,8 @@ constexpr size_t kUploadsInFlight = 2;
 }  // namespace
 
 SubGroupRunner::SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
-                               HostPool& pool, CopyStream& copies)
-    : groups_(std::move(groups)), shards_(std::move(shards)), pool_(pool), copies_(copies) {}
+                               HostPool& pool, CopyStream& copies, SwapSpace* swap)
+    : groups_(std::move(groups)), shards_(std::move(shards)), pool_(pool), copies_(copies), swap_(swap) {}
 
 SubGroupRunner::~SubGroupRunner() { forget_early_gradients(); }
 
@@ -31,7 +32,7 @@ void SubGroupRunner::gradients_final(int64_t g, int64_t begin, int64_t numel) {
   const FlatGroup& group = *groups_[size_t(g)];
   for (const SubGroup& sg : shards_[size_t(g)]->sub_groups()) {
     const int64_t lo = std::max(begin, sg.begin), hi = std::min(begin + numel, sg.begin + sg.numel);
-    if (sg.residency != Residency::host || lo >= hi) continue;
+    if (sg.residency == Residency::device || lo >= hi) continue;
     Staged& s = early_[{size_t(g), sg.begin}];
     const at::Tensor grads = group.owned_grad_view(lo, hi - lo);
     if (!s.grad_buffer.defined()) s.grad_buffer = pool_.acquire(sg.numel, grads.scalar_type());
@@ -121,7 +122,7 @@ void SubGroupRunner::update_in_place(const Pieces& pieces, const Job& job, const
 }
 
 void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update& update,
-                                    std::vector<Upload>& uploads) {
+                                    std::vector<Upload>& uploads, SwapPipeline* swaps, const at::Tensor& stage) {
   FlatGroup& group = *groups_[job.g];
   OptimizerShard& shard = *shards_[job.g];
   const auto t_wait = Clock::now();
@@ -129,9 +130,16 @@ void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update&
   times_.transfer_ms += ms_since(t_wait);
   const int64_t b = job.sg.begin, n = job.sg.numel;
   UpdatePiece p;
-  p.master = shard.master(b, n);
   p.grad = staged.grad_buffer;
-  for (size_t s = 0; s < shard.row().state_names.size(); ++s) p.state.push_back(shard.state(s, b, n));
+  // An NVMe sub-group's master and state are views of its staging buffer, read from disk.
+  SwappedPart* swapped = shard.swapped(b, n);
+  if (swapped) {
+    p.master = swapped->view(stage, b, -1);
+    for (size_t s = 0; s < swapped->slots(); ++s) p.state.push_back(swapped->view(stage, b, int64_t(s)));
+  } else {
+    p.master = shard.master(b, n);
+    for (size_t s = 0; s < shard.row().state_names.size(); ++s) p.state.push_back(shard.state(s, b, n));
+  }
   const at::Tensor target = group.owned_params().narrow(0, b, n);
   const bool fp32_model = target.scalar_type() == at::kFloat;
   // The parameters live on the device, or in host memory beside this state (ZeRO-3 chunks
@@ -149,15 +157,27 @@ void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update&
   pool_.release(staged.grad_buffer);
   if (upload || fp32_model) {
     const auto t = Clock::now();
-    // An fp32 model's new values are the master's own, copied (a host master is never shared).
-    u.fence = copies_.copy(target, fp32_model ? p.master : p.param16);
+    // An fp32 model's new values are the master's own, copied (a host master is never shared);
+    // an NVMe master's through a pool buffer, as its staging buffer goes to disk next.
+    at::Tensor source = fp32_model ? p.master : p.param16;
+    if (fp32_model && swapped) {
+      u.buffer = pool_.acquire(n, at::kFloat);
+      u.buffer.copy_(p.master);
+      source = u.buffer;
+    }
+    u.fence = copies_.copy(target, source);
     times_.transfer_ms += ms_since(t);
     uploads.push_back(std::move(u));
   }
+  if (swapped) swaps->put(*swapped, b, stage);
 }
 
 void SubGroupRunner::run(const Update& update) {
   times_ = {};
+  for (const OptimizerShard* shard : shards_) {
+    ZS_CHECK(!shard->resident(), "optimizer step: NVMe optimizer state is still held in host memory "
+             "(shard_entries without end_entries or after_load)");
+  }
   std::vector<Pieces> pieces;
   std::vector<Job> host;
   for (size_t g = 0; g < groups_.size(); ++g) pieces.push_back(groups_[g]->grad_pieces());
@@ -183,14 +203,33 @@ void SubGroupRunner::run(const Update& update) {
   }
   std::vector<Upload> uploads;
   size_t finished = 0;
+  std::unique_ptr<SwapPipeline> swaps = swap_ ? std::make_unique<SwapPipeline>(*swap_) : nullptr;
+  // The NVMe read of job j's master and state, started ahead where the pipeline allows.
+  const auto prefetch = [&](size_t j) {
+    if (!swaps || j >= host.size()) return;
+    const SubGroup& sg = host[j].sg;
+    if (SwappedPart* part = shards_[host[j].g]->swapped(sg.begin, sg.numel)) swaps->prefetch(*part, sg.begin);
+  };
+  prefetch(0);
   Staged next = host.empty() ? Staged{} : prepare(pieces[host[0].g], host[0]);
   for (size_t j = 0; j < host.size(); ++j) {
     Staged cur = std::move(next);
     if (j + 1 < host.size()) next = prepare(pieces[host[j + 1].g], host[j + 1]);
     for (; finished + kUploadsInFlight <= uploads.size(); ++finished) finish_upload(uploads[finished]);
-    update_on_host(std::move(cur), host[j], update, uploads);
+    // An NVMe sub-group's master and state are read before its update; the next one's read
+    // then starts, to run while this one updates.
+    const SubGroup& sg = host[j].sg;
+    SwappedPart* part = swaps ? shards_[host[j].g]->swapped(sg.begin, sg.numel) : nullptr;
+    const at::Tensor stage = part ? swaps->take(*part, sg.begin, shards_[host[j].g]->state_init()) : at::Tensor();
+    prefetch(j + 1);
+    update_on_host(std::move(cur), host[j], update, uploads, swaps.get(), stage);
   }
   for (; finished < uploads.size(); ++finished) finish_upload(uploads[finished]);
+  if (swaps) {
+    swaps->finish();
+    times_.nvme_wait_ms = swaps->wait_ms();
+    times_.transfer_ms += swaps->wait_ms();
+  }
   forget_early_gradients();  // any left (a sub-group the step did not reach) are stale now
 }
 

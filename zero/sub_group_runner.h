@@ -3,7 +3,9 @@
 // pipeline: its gradients come down into a host buffer (as backward finalizes them, or while
 // the sub-group before it updates), the host kernel updates the master and writes the new
 // model-dtype values into a host buffer in the same pass, and that buffer is copied up while
-// the next one updates. The same update either way: only where it runs differs.
+// the next one updates. An NVMe-resident one is the host pipeline with its master and state read
+// from disk before the update and written back after (SwapPipeline). The same update in every
+// case: only where it runs differs.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -17,6 +19,7 @@
 #include "runtime/optim/table.h"
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
+#include "zero/swap_pipeline.h"
 
 namespace zeroshard {
 
@@ -26,15 +29,17 @@ struct StagedStepTimes {
   double transfer_ms = 0.0;   // copying and waiting for copies, down and up, in the step
   double host_step_ms = 0.0;  // the kernels' updates of host-resident sub-groups
   int64_t early_sub_groups = 0;  // host sub-groups whose gradients came down during backward
+  double nvme_wait_ms = 0.0;  // waiting for NVMe reads and writes of master and state (in transfer_ms too)
 };
 
 class SubGroupRunner {
  public:
   // `groups[g]`'s optimizer state is `shards[g]`; all outlive this. The update writes each
   // group's parameters where they live (FlatGroup::params_on_host: ZeRO-3 chunks under
-  // offload_param), through a copy when that is not where the sub-group steps.
+  // offload_param), through a copy when that is not where the sub-group steps. `swap` (NVMe
+  // sub-groups' space, outlives this) is null without offload_optimizer.device "nvme".
   SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, HostPool& pool,
-                 CopyStream& copies);
+                 CopyStream& copies, SwapSpace* swap = nullptr);
   ~SubGroupRunner();
   SubGroupRunner(const SubGroupRunner&) = delete;
   SubGroupRunner& operator=(const SubGroupRunner&) = delete;
@@ -72,13 +77,16 @@ class SubGroupRunner {
   // copy of all of them started now.
   Staged prepare(const Pieces& pieces, const Job& job);
   void update_in_place(const Pieces& pieces, const Job& job, const Update& update);
-  void update_on_host(Staged staged, const Job& job, const Update& update, std::vector<Upload>& uploads);
+  // `stage`: an NVMe sub-group's staging buffer (swaps->take()), written back by swaps->put().
+  void update_on_host(Staged staged, const Job& job, const Update& update, std::vector<Upload>& uploads,
+                      SwapPipeline* swaps, const at::Tensor& stage);
   void finish_upload(Upload& u);
 
   std::vector<FlatGroup*> groups_;
   std::vector<OptimizerShard*> shards_;
   HostPool& pool_;
   CopyStream& copies_;
+  SwapSpace* swap_;
   std::map<std::pair<size_t, int64_t>, Staged> early_;  // (group, sub-group begin)
   StagedStepTimes times_;
 };

@@ -7,11 +7,14 @@
 
 namespace zeroshard {
 
-const char* residency_name(Residency r) { return r == Residency::host ? "host" : "device"; }
+const char* residency_name(Residency r) {
+  return r == Residency::host ? "host" : r == Residency::nvme ? "nvme" : "device";
+}
 
 std::vector<std::vector<SubGroup>> plan_sub_groups(const std::vector<std::vector<int64_t>>& piece_begins,
                                                    const std::vector<int64_t>& owned_numels,
-                                                   int64_t sub_group_size, double host_ratio) {
+                                                   int64_t sub_group_size, double host_ratio,
+                                                   Residency offloaded) {
   ZS_CHECK(piece_begins.size() == owned_numels.size(), "plan_sub_groups: ", piece_begins.size(),
            " piece lists for ", owned_numels.size(), " groups");
   ZS_CHECK(host_ratio >= 0.0 && host_ratio <= 1.0, "plan_sub_groups: host_ratio ", host_ratio);
@@ -43,14 +46,14 @@ std::vector<std::vector<SubGroup>> plan_sub_groups(const std::vector<std::vector
   const int64_t first_host = int64_t((1.0 - host_ratio) * double(count));
   int64_t i = 0;
   for (auto& group : out) {
-    for (auto& sg : group) sg.residency = i++ >= first_host ? Residency::host : Residency::device;
+    for (auto& sg : group) sg.residency = i++ >= first_host ? offloaded : Residency::device;
   }
   return out;
 }
 
 int64_t host_split(const std::vector<SubGroup>& sub_groups, int64_t owned_numel) {
   for (const SubGroup& sg : sub_groups) {
-    if (sg.residency == Residency::host) return sg.begin;
+    if (sg.residency != Residency::device) return sg.begin;
   }
   return owned_numel;
 }

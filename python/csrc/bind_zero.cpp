@@ -271,6 +271,7 @@ void bind_zero(py::module_& m) {
              d["transfer_ms"] = o.last_step_times().transfer_ms;
              d["host_step_ms"] = o.last_step_times().host_step_ms;
              d["early_sub_groups"] = o.last_step_times().early_sub_groups;
+             d["nvme_wait_ms"] = o.last_step_times().nvme_wait_ms;
              return d;
            })
       .def_property_readonly("strategy", &ZeroOptimizer::strategy, py::return_value_policy::reference_internal)
@@ -294,6 +295,10 @@ void bind_zero(py::module_& m) {
         return out;
       }, py::arg("with_state"))
       .def("after_load", &ZeroOptimizer::after_load, py::call_guard<py::gil_scoped_release>())
+      // A reader of shard_entries is done: NVMe state leaves host memory (its views stay valid).
+      .def("end_entries", &ZeroOptimizer::end_entries, py::arg("written"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("swap_backend", &ZeroOptimizer::swap_backend)
       .def("drop_optimizer_state", &ZeroOptimizer::drop_optimizer_state)
       .def_property_readonly("optimizer_type", [](const ZeroOptimizer& o) { return o.optimizer().type; })
       .def_property_readonly("state_names",

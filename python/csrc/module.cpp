@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "python/csrc/bindings.h"
+#include "offload/aio_engine.h"
 #include "runtime/error.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -12,6 +13,7 @@ PYBIND11_MODULE(_C, m) {
   auto& error = pybind11::register_exception<zeroshard::Error>(m, "Error", PyExc_RuntimeError);
   pybind11::register_exception<zeroshard::CommError>(m, "CommError", error.ptr());
   pybind11::register_exception<zeroshard::InternalError>(m, "InternalError", error.ptr());
+  pybind11::register_exception<zeroshard::IoError>(m, "IoError", error.ptr());
   auto& usage = pybind11::register_exception<zeroshard::UsageError>(m, "UsageError", PyExc_ValueError);
   pybind11::register_exception<zeroshard::ConfigError>(m, "ConfigError", usage.ptr());
   zeroshard::python::bind_runtime(m);
@@ -19,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   zeroshard::python::bind_zero(m);
   zeroshard::python::bind_kernels(m);
   zeroshard::python::bind_checkpoint(m);
+  zeroshard::python::bind_offload(m);
 }

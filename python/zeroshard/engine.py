@@ -112,6 +112,8 @@ class ZeroShardEngine(torch.nn.Module):
                   f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
                   f"bucket(s); model state per rank: {self._core.memory.summary()}", self.global_rank)
+        if self._core.swap_backend:
+            log_rank0(f"NVMe optimizer state: I/O through {self._core.swap_backend}", self.global_rank)
 
     # ----- set-up -----
     def _optimizer_spec(self, client_optimizer, model_parameters):

@@ -124,6 +124,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         stepped = any(n > 0 for n in self.core.state.state_dict()["group_steps"])
         entries = {f"{kind}/{index}/{begin}": values.detach().clone()
                    for kind, index, begin, values, _ in self.core.shard_entries(stepped)}
+        self.core.end_entries(False)
         groups = []
         first = 0
         for g in self.param_groups:

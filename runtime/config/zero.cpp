@@ -194,16 +194,28 @@ void read_zero(Block& top, Config& c) {
 void read_aio(Block& top, Config& c) {
   Block a = top.child("aio");
   c.aio.block_size = a.get_int("block_size", c.aio.block_size, 1);
+  if (c.aio.block_size % 4096 != 0)
+    a.fail("block_size", "got " + std::to_string(c.aio.block_size) + ", expected a multiple of 4096 "
+           "(direct I/O moves whole device blocks)");
   c.aio.queue_depth = a.get_int("queue_depth", c.aio.queue_depth, 1);
+  const bool has_parallelism = a.has("intra_op_parallelism");
   c.aio.intra_op_parallelism = a.get_int("intra_op_parallelism", c.aio.intra_op_parallelism, 1);
   c.aio.single_submit = a.get_bool("single_submit", c.aio.single_submit);
   c.aio.overlap_events = a.get_bool("overlap_events", c.aio.overlap_events);
   c.aio.use_gds = a.get_bool("use_gds", c.aio.use_gds);
+  if (c.aio.use_gds)
+    a.fail("use_gds", "got true, expected false: zeroshard does not use GPUDirect Storage (NVMe I/O goes "
+           "through pinned host buffers)");
   if (a.has("thread_count")) {
-    // DeepSpeed's docs still show thread_count; its code reads only intra_op_parallelism.
-    a.get_int("thread_count", 1, 1);
-    top.ctx().note("warning: aio.thread_count: accepted and ignored, as DeepSpeed's code does; "
-                   "the setting is aio.intra_op_parallelism");
+    // DeepSpeed's docs still show thread_count; its code reads only intra_op_parallelism and
+    // ignores it. Here it is what the docs say it is, with the real key named.
+    const int64_t threads = a.get_int("thread_count", 1, 1);
+    if (has_parallelism && threads != c.aio.intra_op_parallelism)
+      a.fail("thread_count", "got " + std::to_string(threads) + " and intra_op_parallelism " +
+             std::to_string(c.aio.intra_op_parallelism) + "; they are the same setting, keep intra_op_parallelism");
+    c.aio.intra_op_parallelism = threads;
+    top.ctx().note("warning: aio.thread_count: taken as aio.intra_op_parallelism, the key DeepSpeed's "
+                   "code reads (it ignores thread_count); rename it");
   }
   a.known("thread_count");
   a.finish();

@@ -58,10 +58,10 @@ def _assert_early_copies(engine, stage):
     assert early == (host if stage >= 2 else 0), (early, host, stage)
 
 
-def offload_parity_worker(stage, precision, gas, offload, model="gpt"):
-    """test_zero_parity's worker on an offload config, then the residency check on its engine
-    (the worker builds the engine itself; initialize is wrapped, in this rank's process only, to
-    keep a handle on it)."""
+def parity_engine(model, stage, precision, gas, zero_block):
+    """test_zero_parity's worker on `zero_block`, returning its engine for the checks of where
+    the state is (the worker builds the engine itself; initialize is wrapped, in this rank's
+    process only, to keep a handle on it)."""
     import zeroshard
     engines = []
     initialize = zeroshard.initialize
@@ -73,12 +73,17 @@ def offload_parity_worker(stage, precision, gas, offload, model="gpt"):
 
     zeroshard.initialize = keep_engine
     try:
-        parity_worker(model, stage, precision, gas, ADAMW, CLIP, BUCKET, STEPS,
-                      {"zero_optimization": _zero_block(stage, **offload)})
+        parity_worker(model, stage, precision, gas, ADAMW, CLIP, BUCKET, STEPS, {"zero_optimization": zero_block})
     finally:
         zeroshard.initialize = initialize
-    _assert_residency(engines[0], **offload)
-    _assert_early_copies(engines[0], stage)
+    return engines[0]
+
+
+def offload_parity_worker(stage, precision, gas, offload, model="gpt"):
+    """test_zero_parity's worker on an offload config, then the residency check on its engine."""
+    engine = parity_engine(model, stage, precision, gas, _zero_block(stage, **offload))
+    _assert_residency(engine, **offload)
+    _assert_early_copies(engine, stage)
 
 
 OPT = {"optimizer": True}

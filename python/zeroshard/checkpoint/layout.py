@@ -91,7 +91,9 @@ def rank_items(run: RunView, exclude_frozen: bool):
         if flat.numel():
             items.append((name, list(shape), begin, flat))
 
-    for kind, index, begin, values, replicated in run.core.shard_entries(False):
+    entries = run.core.shard_entries(False)
+    run.core.end_entries(False)  # NVMe state leaves host memory; these views keep what they show
+    for kind, index, begin, values, replicated in entries:
         if exclude_frozen and not run.trainable[index]:
             continue
         add(tensor_name(kind, run.names[index]), run.shapes[index], begin, values, replicated)

@@ -382,6 +382,22 @@ TEST_CASE("comments, defaults, aliases and the resolved config") {
   CHECK(adamw.optimizer.hyper.weight_decay == 0.01);
 }
 
+TEST_CASE("aio: thread_count is intra_op_parallelism's alias; use_gds and unaligned blocks are refused") {
+  auto err = [](const std::string& aio) {
+    try {
+      parse_config("{\"train_micro_batch_size_per_gpu\": 1, \"aio\": " + aio + "}", "x");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(err(R"({"use_gds": true})"), Catch::Contains("aio.use_gds") && Catch::Contains("GPUDirect Storage"));
+  CHECK_THAT(err(R"({"block_size": 1000})"), Catch::Contains("aio.block_size") && Catch::Contains("multiple of 4096"));
+  CHECK_THAT(err(R"({"thread_count": 2, "intra_op_parallelism": 3})"),
+             Catch::Contains("aio.thread_count") && Catch::Contains("intra_op_parallelism 3"));
+  CHECK(err(R"({"thread_count": 2, "intra_op_parallelism": 2})").empty());
+}
+
 TEST_CASE("reporting-only and deprecated keys are accepted with one warning note each") {
   Config c = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
       "tensorboard": {"enabled": true, "output_path": "/tmp/tb", "job_name": "j"},
@@ -397,8 +413,8 @@ TEST_CASE("reporting-only and deprecated keys are accepted with one warning note
       "warning: zero_optimization.cpu_offload: deprecated; read as offload_optimizer",
       "warning: zero_optimization.stage3_gather_fp16_weights_on_model_save: deprecated; use "
       "stage3_gather_16bit_weights_on_model_save (read as it)",
-      "warning: aio.thread_count: accepted and ignored, as DeepSpeed's code does; the setting is "
-      "aio.intra_op_parallelism",
+      "warning: aio.thread_count: taken as aio.intra_op_parallelism, the key DeepSpeed's code reads (it "
+      "ignores thread_count); rename it",
       "warning: tensorboard.enabled: got true, accepted and ignored: zeroshard does not write tensorboard events "
       "(reporting only)",
       "warning: wandb.enabled: got true, accepted and ignored: zeroshard does not write wandb events (reporting only)",
@@ -406,6 +422,7 @@ TEST_CASE("reporting-only and deprecated keys are accepted with one warning note
   };
   CHECK(c.notes == expected);
   CHECK(c.zero_optimization.offload_optimizer.device == "cpu");
+  CHECK(c.aio.intra_op_parallelism == 4);
   CHECK(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
   CHECK(c.tensorboard.output_path == "/tmp/tb");
   CHECK(c.wandb.team == "t");

@@ -1,0 +1,81 @@
+"""The numerics contract with the optimizer state on NVMe (issue 20): offload_optimizer.device
+"nvme" at stages 1, 2 and 3 gives the same update as the single-process torch.optim reference, at
+test_zero_parity.py's tolerances, with the state really on disk: after the steps no master or
+optimizer state is held in host or device memory, the swap files exist while the run lives, host
+buffers stay within buffer_count staging buffers, and the directory is gone after a clean exit.
+The swap directory is a real directory on the machine's disk (ext4, O_DIRECT)."""
+import os
+
+import pytest
+
+from harness import run_distributed
+from test_offload_parity import BUCKET, parity_engine
+
+
+def _zero_block(stage, path, sub_group=1000, buffer_count=4, pipeline=True):
+    """Sub-groups of about 1000 elements, so each rank's state is many regions of its files."""
+    block = {"stage": stage, "reduce_bucket_size": BUCKET, "sub_group_size": sub_group,
+             "offload_optimizer": {"device": "nvme", "nvme_path": path, "buffer_count": buffer_count,
+                                   "pipeline_read": pipeline, "pipeline_write": pipeline}}
+    if stage == 3:
+        block["stage3_param_persistence_threshold"] = 0
+    return block
+
+
+def _swap_dirs(path):
+    return [d for d in os.listdir(path) if d.startswith("zeroshard-swap-")]
+
+
+def nvme_parity_worker(stage, precision, gas, path, opts):
+    """test_zero_parity's worker on an NVMe config, then where the state is."""
+    engine = parity_engine("gpt", stage, precision, gas, _zero_block(stage, path, **opts))
+    got = engine.memory_bytes()
+    # On disk: nothing of the master or the state is held in memory between steps.
+    for key in ("master_weights", "optimizer_state", "host_master_weights", "host_optimizer_state"):
+        assert got[key] == 0, (key, got)
+    # Host memory: the staging buffers (at most buffer_count regions of a sub-group's master and
+    # two Adam moments, each padded to 4 KiB, plus one alignment's slack each) and the pool's
+    # gradient and parameter buffers, one sub-group each, a few at a time.
+    region = 3 * (-(-1000 * 4 // 4096) * 4096)
+    sub_groups = [sg for g in range(len(engine.optimizer.param_groups)) for sg in engine._core.sub_groups(g)]
+    largest = max(n for _, n, _ in sub_groups)
+    assert all(where == "nvme" for _, _, where in sub_groups), sub_groups
+    staging = opts.get("buffer_count", 4) * (3 * (-(-largest * 4 // 4096) * 4096) + 4096)
+    assert got["host_buffers"] <= staging + 6 * largest * 4, (got, region, largest)
+    rank = int(os.environ["RANK"])
+    mine = [d for d in _swap_dirs(path) if d.endswith(f"-rank{rank}")]
+    assert len(mine) == 1, _swap_dirs(path)
+    files = os.listdir(os.path.join(path, mine[0]))
+    assert any(f.endswith(".swp") for f in files), files
+    return engine._core.last_step_times()
+
+
+def nvme_parity_batch_worker(cases, path):
+    for case_id, stage, precision, gas, _, opts in cases:
+        try:
+            nvme_parity_worker(stage, precision, gas, os.path.join(path, case_id), opts)
+        except Exception as e:
+            raise AssertionError(f"case {case_id}: {e}") from e
+
+
+# Every stage in fp32 and bf16, worlds 1 and 2, the pipeline on and off, and two staging buffers
+# (reads wait for writes to free one).
+CASES = [
+    # id                          stage precision gas world options
+    ("s1-fp32-gas1-w1",           1, "fp32", 1, 1, {}),
+    ("s3-bf16-gas2-w1-serial",    3, "bf16", 2, 1, {"pipeline": False}),
+    ("s1-bf16-gas2-w2",           1, "bf16", 2, 2, {}),
+    ("s2-fp32-gas1-w2-2buffers",  2, "fp32", 1, 2, {"buffer_count": 2}),
+    ("s2-bf16-gas1-w2-serial",    2, "bf16", 1, 2, {"pipeline": False}),
+    ("s3-fp32-gas2-w2",           3, "fp32", 2, 2, {}),
+]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_nvme_parity(world, tmp_path):
+    cases = [c for c in CASES if c[4] == world]
+    for c in cases:
+        (tmp_path / c[0]).mkdir()
+    run_distributed(nvme_parity_batch_worker, world, cases, str(tmp_path), timeout=300)
+    for c in cases:  # a clean exit removed every rank's directory
+        assert _swap_dirs(tmp_path / c[0]) == [], c[0]

@@ -1,0 +1,161 @@
+// NVMe swap space and swapped shard parts; see swap_space.h.
+#include "zero/swap_space.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace zeroshard {
+
+namespace {
+AioOptions aio_options(const AioConfig& c) {
+  AioOptions o;
+  o.block_size = c.block_size;
+  o.queue_depth = c.queue_depth;
+  o.intra_op_parallelism = c.intra_op_parallelism;
+  o.single_submit = c.single_submit;
+  o.overlap_events = c.overlap_events;
+  return o;
+}
+}  // namespace
+
+at::Tensor aligned_for_direct_io(const at::Tensor& base, int64_t bytes) {
+  ZS_CHECK(base.scalar_type() == at::kByte && base.dim() == 1 && int64_t(base.numel()) >= bytes + kDirectAlignment,
+           "aligned_for_direct_io: ", base.numel(), " bytes cannot hold ", bytes, " aligned");
+  const auto address = reinterpret_cast<uintptr_t>(base.data_ptr());
+  return base.narrow(0, int64_t((kDirectAlignment - address % kDirectAlignment) % kDirectAlignment), bytes);
+}
+
+SwapSpace::SwapSpace(const Config& config, int rank, HostPool& pool)
+    : pool_(pool),
+      buffer_count_(config.zero_optimization.offload_optimizer.buffer_count),
+      pipeline_read_(config.zero_optimization.offload_optimizer.pipeline_read),
+      pipeline_write_(config.zero_optimization.offload_optimizer.pipeline_write) {
+  const OffloadOptimizerConfig& o = config.zero_optimization.offload_optimizer;
+  dir_ = std::make_unique<SwapDir>(o.nvme_path, "zero_optimization.offload_optimizer.nvme_path", rank);
+  engine_ = std::make_unique<AioEngine>(aio_options(config.aio));
+}
+
+SwapSpace::~SwapSpace() {
+  for (auto& [view, base] : lent_) pool_.release(base);
+}
+
+std::string SwapSpace::backend() const { return engine_->backend_reason(); }
+
+at::Tensor SwapSpace::acquire(int64_t bytes) {
+  ZS_CHECK(bytes > 0 && bytes % kDirectAlignment == 0, "SwapSpace::acquire: ", bytes, " bytes");
+  // One alignment's slack: host allocators align to less than a page.
+  at::Tensor base = pool_.acquire(bytes + kDirectAlignment, at::kByte);
+  at::Tensor view = aligned_for_direct_io(base, bytes);
+  lent_.emplace_back(view, base);
+  return view;
+}
+
+void SwapSpace::release(const at::Tensor& buffer) {
+  const auto it = std::find_if(lent_.begin(), lent_.end(), [&](const auto& pair) {
+    return pair.first.data_ptr() == buffer.data_ptr();
+  });
+  ZS_CHECK(it != lent_.end(), "SwapSpace::release: not a buffer of this space");
+  pool_.release(it->second);
+  lent_.erase(it);
+}
+
+SwappedPart::SwappedPart(SwapSpace& space, const std::string& name, const std::vector<SubGroup>& sub_groups,
+                         size_t slots)
+    : space_(space), slots_(slots) {
+  for (const SubGroup& sg : sub_groups) {
+    Region r;
+    r.begin = sg.begin;
+    r.numel = sg.numel;
+    r.offset = file_bytes_;
+    r.slot_bytes = align_up(sg.numel * int64_t(sizeof(float)));
+    file_bytes_ += r.slot_bytes * int64_t(1 + slots_);
+    regions_.push_back(r);
+  }
+  file_ = std::make_unique<DirectFile>(space_.dir().file(name), true);
+}
+
+SwappedPart::~SwappedPart() = default;
+
+void SwappedPart::preallocate() {
+  if (file_bytes_ > 0) file_->preallocate(file_bytes_);
+}
+
+int64_t SwappedPart::max_region_bytes() const {
+  int64_t most = 0;
+  for (const Region& r : regions_) most = std::max(most, r.slot_bytes * int64_t(1 + slots_));
+  return most;
+}
+
+const SwappedPart::Region& SwappedPart::region(int64_t begin) const {
+  for (const Region& r : regions_) {
+    if (r.begin == begin) return r;
+  }
+  throw InternalError(detail::cat("SwappedPart: no sub-group starts at ", begin));
+}
+
+SwappedPart::Region& SwappedPart::region_mut(int64_t begin) { return const_cast<Region&>(region(begin)); }
+
+AioEngine::Handle SwappedPart::read(int64_t begin, const at::Tensor& buffer) {
+  const Region& r = region(begin);
+  const int64_t bytes = r.has_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes;
+  ZS_CHECK(buffer.nbytes() >= size_t(bytes), "SwappedPart::read: buffer too small");
+  return space_.engine().read(*file_, buffer.data_ptr(), bytes, r.offset);
+}
+
+AioEngine::Handle SwappedPart::write(int64_t begin, const at::Tensor& buffer, bool with_state) {
+  Region& r = region_mut(begin);
+  const int64_t bytes = with_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes;
+  ZS_CHECK(buffer.nbytes() >= size_t(bytes), "SwappedPart::write: buffer too small");
+  r.has_state = r.has_state || (with_state && slots_ > 0);
+  return space_.engine().write(*file_, buffer.data_ptr(), bytes, r.offset);
+}
+
+void SwappedPart::load(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state, double init) {
+  const Region& r = region(begin);
+  at::Tensor buffer = space_.acquire(max_region_bytes());
+  try {
+    AioEngine::wait(read(begin, buffer));
+    master.copy_(view(buffer, begin, -1));
+    for (size_t s = 0; s < state.size(); ++s) {
+      if (r.has_state) {
+        state[s].copy_(view(buffer, begin, int64_t(s)));
+      } else {
+        state[s].fill_(init);
+      }
+    }
+  } catch (...) {
+    space_.release(buffer);
+    throw;
+  }
+  space_.release(buffer);
+}
+
+void SwappedPart::store(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state) {
+  at::Tensor buffer = space_.acquire(max_region_bytes());
+  try {
+    view(buffer, begin, -1).copy_(master);
+    for (size_t s = 0; s < state.size(); ++s) view(buffer, begin, int64_t(s)).copy_(state[s]);
+    AioEngine::wait(write(begin, buffer, !state.empty()));
+  } catch (...) {
+    space_.release(buffer);
+    throw;
+  }
+  space_.release(buffer);
+}
+
+at::Tensor SwappedPart::view(const at::Tensor& buffer, int64_t begin, int64_t slot) const {
+  const Region& r = region(begin);
+  const int64_t at_byte = r.slot_bytes * (slot + 1);
+  return buffer.narrow(0, at_byte, r.numel * int64_t(sizeof(float))).view(at::kFloat);
+}
+
+bool SwappedPart::has_state(int64_t begin) const { return region(begin).has_state; }
+
+void SwappedPart::forget_state() {
+  for (Region& r : regions_) r.has_state = false;
+}
+
+}  // namespace zeroshard

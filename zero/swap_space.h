@@ -1,0 +1,104 @@
+// NVMe residency of optimizer state (offload_optimizer.device "nvme"): a rank's swap space (its
+// directory, its I/O engine and the host buffers the sub-groups are staged in) and, per shard
+// part, the file that holds each sub-group's fp32 master and optimizer state. A sub-group is one
+// region of its part's file: the master, then each state slot, each padded to the direct-I/O
+// alignment, so one read brings the whole sub-group into one buffer and one write takes it back.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/aio_engine.h"
+#include "offload/swap_dir.h"
+#include "runtime/config/config.h"
+#include "runtime/host_pool.h"
+#include "zero/sub_groups.h"
+
+namespace zeroshard {
+
+// The first `bytes` of `base` (a flat uint8 CPU tensor of at least bytes + kDirectAlignment)
+// from its first address aligned for direct I/O.
+at::Tensor aligned_for_direct_io(const at::Tensor& base, int64_t bytes);
+
+class SwapSpace {
+ public:
+  // The directory under offload_optimizer.nvme_path (checked: a clear error names the key) and
+  // an engine with the `aio` block's settings; staging buffers come from `pool`.
+  SwapSpace(const Config& config, int rank, HostPool& pool);
+  ~SwapSpace();
+  SwapSpace(const SwapSpace&) = delete;
+  SwapSpace& operator=(const SwapSpace&) = delete;
+
+  AioEngine& engine() { return *engine_; }
+  SwapDir& dir() { return *dir_; }
+  // offload_optimizer.buffer_count, pipeline_read, pipeline_write.
+  int64_t buffer_count() const { return buffer_count_; }
+  bool pipeline_read() const { return pipeline_read_; }
+  bool pipeline_write() const { return pipeline_write_; }
+  // "io_uring: ..." or "libaio: ...": the engine in use and why.
+  std::string backend() const;
+  // A host buffer of `bytes` (a multiple of the alignment) whose data starts on an aligned
+  // address, as direct I/O needs; give it back with release().
+  at::Tensor acquire(int64_t bytes);
+  void release(const at::Tensor& buffer);
+
+ private:
+  HostPool& pool_;
+  std::unique_ptr<SwapDir> dir_;
+  std::unique_ptr<AioEngine> engine_;
+  int64_t buffer_count_;
+  bool pipeline_read_, pipeline_write_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> lent_;  // (aligned view, pool buffer)
+};
+
+// One shard part's sub-groups in one file.
+class SwappedPart {
+ public:
+  // `sub_groups`: the part's, in order, ranges in the owned range; `slots`: optimizer state
+  // tensors per element. The file is named `name` in the space's directory; not yet allocated.
+  SwappedPart(SwapSpace& space, const std::string& name, const std::vector<SubGroup>& sub_groups, size_t slots);
+  ~SwappedPart();
+  SwappedPart(const SwappedPart&) = delete;
+  SwappedPart& operator=(const SwappedPart&) = delete;
+
+  int64_t file_bytes() const { return file_bytes_; }
+  size_t slots() const { return slots_; }
+  // Reserves the file's bytes on disk (the caller checked the space for every part first).
+  void preallocate();
+  // Bytes of a staging buffer that holds any of this part's sub-groups.
+  int64_t max_region_bytes() const;
+  // Starts reading the sub-group that begins at `begin` into `buffer`: its master, and its state
+  // when has_state(begin) (else the caller fills the state views with their initial value).
+  AioEngine::Handle read(int64_t begin, const at::Tensor& buffer);
+  // Starts writing the sub-group back from `buffer`: its master, and its state when `with_state`
+  // (has_state(begin) is true from then on).
+  AioEngine::Handle write(int64_t begin, const at::Tensor& buffer, bool with_state);
+  // Synchronously, through one staging buffer: the sub-group's master and `state` (its state on
+  // disk, else filled with `init`) read into host tensors, or written from them (the state only
+  // when `state` is not empty).
+  void load(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state, double init);
+  void store(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state);
+  // Views into a staging buffer of the sub-group's master (slot -1) and state slots, fp32.
+  at::Tensor view(const at::Tensor& buffer, int64_t begin, int64_t slot) const;
+  bool has_state(int64_t begin) const;
+  // The state on disk is stale (the shard dropped its state): reads give the master only.
+  void forget_state();
+
+ private:
+  struct Region {
+    int64_t begin = 0, numel = 0, offset = 0, slot_bytes = 0;
+    bool has_state = false;
+  };
+  const Region& region(int64_t begin) const;
+  Region& region_mut(int64_t begin);
+
+  SwapSpace& space_;
+  std::unique_ptr<DirectFile> file_;
+  std::vector<Region> regions_;
+  size_t slots_;
+  int64_t file_bytes_ = 0;
+};
+
+}  // namespace zeroshard
