@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -188,7 +189,9 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& config_key, in
 
   std::string parent = nvme_path;
   while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
-  const std::string own_name = detail::cat(kPrefix, host_name(), "-", ::getpid(), "-rank", rank);
+  // A process may hold several (two engines, or one made before the last was freed): numbered.
+  static std::atomic<int64_t> made{0};
+  const std::string own_name = detail::cat(kPrefix, host_name(), "-", ::getpid(), "-", made++, "-rank", rank);
   path_ = (parent == "/" ? "" : parent) + "/" + own_name;
 
   if (::mkdir(path_.c_str(), 0700) != 0 && errno != EEXIST) {

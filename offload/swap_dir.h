@@ -1,4 +1,5 @@
-// One run's NVMe swap directory on one rank: <nvme_path>/zeroshard-swap-<host>-<pid>-rank<r>/,
+// One run's NVMe swap directory on one rank: <nvme_path>/zeroshard-swap-<host>-<pid>-<n>-rank<r>/
+// (n numbers the SwapDirs of one process),
 // checked when it is made (the path exists, is a writable directory, and its filesystem takes
 // O_DIRECT), held by an flock on a lock file inside it for as long as the process lives, and
 // removed with its files by the destructor, or at process exit when its owner was never destroyed

@@ -32,6 +32,11 @@ def _cfg(stage, offload, precision="fp32", **zero):
 def _check_residency(engine, offload):
     """Where the config puts the state, so that a run ignoring the offload blocks cannot pass."""
     opt = offload.get("offload_optimizer")
+    if opt and opt["device"] == "nvme":  # on disk: in no memory between steps
+        got = engine.memory_bytes()
+        assert all(got[k] == 0 for k in ("master_weights", "optimizer_state", "host_master_weights",
+                                         "host_optimizer_state")), got
+        return
     _assert_residency(engine, optimizer=opt is not None, param="offload_param" in offload,
                       ratio=opt.get("ratio", 1.0) if opt else 1.0)
 
