@@ -273,28 +273,7 @@ constexpr const char* kFaultEnv = "ZEROSHARD_NVME_FAULT";
 std::optional<AioFault> fault_from_env() {
   const char* raw = std::getenv(kFaultEnv);
   if (raw == nullptr || *raw == '\0') return std::nullopt;
-  const std::string value(raw);
-  const std::string expected = detail::cat(kFaultEnv, "=\"", value,
-                                           "\": expected \"<eio|short>:<read|write>:<n>\" with n >= 1 (the n-th "
-                                           "block request of that kind fails), e.g. \"eio:read:1\"");
-  const size_t first = value.find(':');
-  const size_t second = first == std::string::npos ? first : value.find(':', first + 1);
-  if (second == std::string::npos) throw UsageError(expected);
-  const std::string kind = value.substr(0, first);
-  const std::string op = value.substr(first + 1, second - first - 1);
-  const std::string nth = value.substr(second + 1);
-  AioFault fault;
-  if (kind == "eio") fault.kind = AioFault::Kind::eio;
-  else if (kind == "short") fault.kind = AioFault::Kind::short_transfer;
-  else throw UsageError(expected);
-  if (op != "read" && op != "write") throw UsageError(expected);
-  fault.on_write = op == "write";
-  if (nth.empty() || nth.size() > 18 || nth.find_first_not_of("0123456789") != std::string::npos) {
-    throw UsageError(expected);
-  }
-  fault.nth = std::stoll(nth);
-  if (fault.nth < 1) throw UsageError(expected);
-  return fault;
+  return parse_aio_fault(raw, kFaultEnv);
 }
 
 using QueueFactory = std::unique_ptr<AioQueue> (*)(int, std::string*);
@@ -447,6 +426,30 @@ void AioEngine::wait(const Handle& h) {
 const std::string& AioEngine::backend() const { return impl_->backend; }
 const std::string& AioEngine::backend_reason() const { return impl_->backend_reason; }
 const AioOptions& AioEngine::options() const { return impl_->options; }
+
+AioFault parse_aio_fault(const std::string& value, const std::string& source) {
+  const std::string expected = detail::cat(source, "=\"", value,
+                                           "\": expected \"<eio|short>:<read|write>:<n>\" with n >= 1 (the n-th "
+                                           "block request of that kind fails), e.g. \"eio:read:1\"");
+  const size_t first = value.find(':');
+  const size_t second = first == std::string::npos ? first : value.find(':', first + 1);
+  if (second == std::string::npos) throw UsageError(expected);
+  const std::string kind = value.substr(0, first);
+  const std::string op = value.substr(first + 1, second - first - 1);
+  const std::string nth = value.substr(second + 1);
+  AioFault fault;
+  if (kind == "eio") fault.kind = AioFault::Kind::eio;
+  else if (kind == "short") fault.kind = AioFault::Kind::short_transfer;
+  else throw UsageError(expected);
+  if (op != "read" && op != "write") throw UsageError(expected);
+  fault.on_write = op == "write";
+  if (nth.empty() || nth.size() > 18 || nth.find_first_not_of("0123456789") != std::string::npos) {
+    throw UsageError(expected);
+  }
+  fault.nth = std::stoll(nth);
+  if (fault.nth < 1) throw UsageError(expected);
+  return fault;
+}
 
 void AioEngine::inject_fault(const AioFault& fault) {
   ZS_REQUIRE(fault.kind == AioFault::Kind::none || fault.nth >= 1, "AioEngine::inject_fault: nth must be >= 1 "

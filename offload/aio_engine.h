@@ -67,6 +67,10 @@ struct AioFault {
   int64_t nth = 0;
 };
 
+// "<eio|short>:<read|write>:<n>" as an AioFault; a UsageError naming `source` (the variable or
+// call it came from) and the format otherwise.
+AioFault parse_aio_fault(const std::string& spec, const std::string& source);
+
 class AioEngine {
  public:
   explicit AioEngine(const AioOptions& options);

@@ -252,6 +252,11 @@ void ZeroOptimizer::drop_optimizer_state() {
   for (auto& shard : shards_) shard->drop_state();
 }
 
+void ZeroOptimizer::inject_swap_fault(const std::string& spec) {
+  ZS_REQUIRE(swap_, "inject_nvme_fault: this run has no NVMe offload (offload_optimizer.device \"nvme\")");
+  swap_->engine().inject_fault(parse_aio_fault(spec, "inject_nvme_fault"));
+}
+
 void ZeroOptimizer::end_entries(bool written) {
   for (auto& shard : shards_) {
     if (shard->resident()) shard->end_resident(written);

@@ -109,6 +109,9 @@ class ZeroOptimizer {
   // stage 3 releases what is gathered and gathers the persistent parameters again from the new
   // chunks.
   void after_load();
+  // Test hook (fault tests): the NVMe engine's `spec` ("eio:read:1": parse_aio_fault) block
+  // request from now fails. An error without NVMe offload.
+  void inject_swap_fault(const std::string& spec);
   // offload_optimizer.device "nvme": the I/O engine in use and why; empty otherwise.
   std::string swap_backend() const { return swap_ ? swap_->backend() : std::string(); }
   // A checkpoint saved before its first step was loaded: every shard's optimizer state is freed

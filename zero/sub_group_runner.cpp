@@ -24,7 +24,11 @@ constexpr size_t kUploadsInFlight = 2;
 
 SubGroupRunner::SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
                                HostPool& pool, CopyStream& copies, SwapSpace* swap)
-    : groups_(std::move(groups)), shards_(std::move(shards)), pool_(pool), copies_(copies), swap_(swap) {}
+    : groups_(std::move(groups)),
+      shards_(std::move(shards)),
+      pool_(pool),
+      copies_(copies),
+      swaps_(swap ? std::make_unique<SwapPipeline>(*swap) : nullptr) {}
 
 SubGroupRunner::~SubGroupRunner() { forget_early_gradients(); }
 
@@ -201,9 +205,15 @@ void SubGroupRunner::run(const Update& update) {
       break;
     }
   }
+  SwapPipeline* swaps = swaps_.get();
+  if (swaps) {
+    swaps->begin_step();
+    // Every other step backwards: the sub-groups whose buffers the last step kept come first.
+    if (backwards_) std::reverse(host.begin(), host.end());
+    backwards_ = !backwards_;
+  }
   std::vector<Upload> uploads;
   size_t finished = 0;
-  std::unique_ptr<SwapPipeline> swaps = swap_ ? std::make_unique<SwapPipeline>(*swap_) : nullptr;
   // The NVMe read of job j's master and state, started ahead where the pipeline allows.
   const auto prefetch = [&](size_t j) {
     if (!swaps || j >= host.size()) return;
@@ -222,11 +232,11 @@ void SubGroupRunner::run(const Update& update) {
     SwappedPart* part = swaps ? shards_[host[j].g]->swapped(sg.begin, sg.numel) : nullptr;
     const at::Tensor stage = part ? swaps->take(*part, sg.begin, shards_[host[j].g]->state_init()) : at::Tensor();
     prefetch(j + 1);
-    update_on_host(std::move(cur), host[j], update, uploads, swaps.get(), stage);
+    update_on_host(std::move(cur), host[j], update, uploads, swaps, stage);
   }
   for (; finished < uploads.size(); ++finished) finish_upload(uploads[finished]);
   if (swaps) {
-    swaps->finish();
+    swaps->end_step();
     times_.nvme_wait_ms = swaps->wait_ms();
     times_.transfer_ms += swaps->wait_ms();
   }

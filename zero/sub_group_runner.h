@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -86,7 +87,8 @@ class SubGroupRunner {
   std::vector<OptimizerShard*> shards_;
   HostPool& pool_;
   CopyStream& copies_;
-  SwapSpace* swap_;
+  std::unique_ptr<SwapPipeline> swaps_;  // offload_optimizer.device "nvme"
+  bool backwards_ = false;               // this step's NVMe sub-groups in reverse order
   std::map<std::pair<size_t, int64_t>, Staged> early_;  // (group, sub-group begin)
   StagedStepTimes times_;
 };

@@ -1,14 +1,15 @@
-// One optimizer step's NVMe traffic: each NVMe sub-group is read into a staging buffer, updated
+// The optimizer steps' NVMe traffic: each NVMe sub-group is read into a staging buffer, updated
 // there by the host kernel, and written back. With offload_optimizer.pipeline_read the next
-// sub-group's read runs while the current one updates; with pipeline_write its write runs while
-// the following ones update; at most buffer_count staging buffers are held at once (the oldest
-// write is waited for when another is needed). Without them each read and write is waited for
-// where it is issued, as DeepSpeed's defaults do.
+// sub-group's read runs while the current one updates; the write of an updated one is never
+// waited for in the step (pipeline_write) or waited for at once (without it, as DeepSpeed's
+// default). A written buffer is kept while staging buffers are free (at most buffer_count in all):
+// it still holds the sub-group, so the next step, which goes through the sub-groups in the
+// opposite order, updates the ones written last without reading them, and their writes run on
+// behind the next forward and backward. The one object that holds buffers across steps.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <deque>
-#include <vector>
 
 #include "zero/swap_space.h"
 
@@ -17,43 +18,46 @@ namespace zeroshard {
 class SwapPipeline {
  public:
   explicit SwapPipeline(SwapSpace& space);
-  // Waits for every read and write still in flight (errors then are not reported: the step
-  // that owns them is already failing) and gives their buffers back.
+  // Waits for the writes of the buffers it holds (their errors are not reported: the run is
+  // ending) and gives the buffers back. The parts it staged must still exist.
   ~SwapPipeline();
   SwapPipeline(const SwapPipeline&) = delete;
   SwapPipeline& operator=(const SwapPipeline&) = delete;
 
+  // A step starts: the wait time counts from zero. (Buffers kept from the last step stay.)
+  void begin_step();
   // The sub-group of `part` that starts at `begin` will be taken next: its read starts now when
-  // pipeline_read allows and a buffer is free (else take() reads it).
+  // pipeline_read allows, it is not held already, and a buffer is free (else take() reads it).
   void prefetch(SwappedPart& part, int64_t begin);
-  // The sub-group's staging buffer, read (master, and state where it was written before; the
-  // state views of one that has none hold its initial value `init`).
+  // The sub-group's staging buffer, holding its master and state (a state never written holds
+  // its initial value `init`): kept from the last step, prefetched, or read now.
   at::Tensor take(SwappedPart& part, int64_t begin, double init);
-  // Writes the updated sub-group back from `buffer` (take()'s), which goes back to the space once
-  // written.
+  // Writes the updated sub-group back from `buffer` (take()'s) and keeps the buffer while the
+  // count allows.
   void put(SwappedPart& part, int64_t begin, const at::Tensor& buffer);
-  // Waits for every write (the step's end): an IoError of any is raised here.
-  void finish();
+  // The step's end: every buffer is back (checked).
+  void end_step();
   // Milliseconds this step spent waiting for reads and writes.
   double wait_ms() const { return wait_ms_; }
 
  private:
-  struct InFlight {
+  struct Held {
     SwappedPart* part = nullptr;
     int64_t begin = 0;
     at::Tensor buffer;
-    AioEngine::Handle io;
+    AioEngine::Handle read;  // prefetched: the read in flight
+    int64_t generation = 0;  // kept: the part's generation when it was written
   };
   int64_t held() const;
-  void wait_oldest_write();
-  // Waits for f's request; on its error gives f's buffer back before raising.
-  void wait_for(InFlight& f);
+  // Frees a buffer by giving back the oldest kept one (its write waited for); false if none.
+  bool evict_one();
+  void wait(const AioEngine::Handle& h);
+  void settle(SwappedPart& part, int64_t begin);
 
   SwapSpace& space_;
-  int64_t buffer_bytes_ = 0;
-  std::deque<InFlight> reads_;   // at most one: the prefetched sub-group
-  std::deque<InFlight> writes_;
-  int64_t taken_ = 0;            // buffers take() handed out and put() has not had back
+  std::deque<Held> reads_;  // at most one: the prefetched sub-group
+  std::deque<Held> kept_;   // written back, oldest first
+  int64_t taken_ = 0;       // buffers take() handed out and put() has not had back
   double wait_ms_ = 0.0;
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/error.h"
 
@@ -71,13 +72,30 @@ SwappedPart::SwappedPart(SwapSpace& space, const std::string& name, const std::v
     r.numel = sg.numel;
     r.offset = file_bytes_;
     r.slot_bytes = align_up(sg.numel * int64_t(sizeof(float)));
-    file_bytes_ += r.slot_bytes * int64_t(1 + slots_);
+    file_bytes_ += kHeaderBytes + r.slot_bytes * int64_t(1 + slots_);
     regions_.push_back(r);
   }
   file_ = std::make_unique<DirectFile>(space_.dir().file(name), true);
 }
 
-SwappedPart::~SwappedPart() = default;
+SwappedPart::~SwappedPart() {
+  for (Region& r : regions_) {
+    try {
+      settle(r);  // why: the file closes next
+    } catch (const Error&) {
+      // A write that failed after its step: the state it held is gone with this run anyway.
+    }
+  }
+}
+
+void SwappedPart::settle(Region& r) {
+  if (!r.pending) return;
+  const AioEngine::Handle h = std::move(r.pending);
+  r.pending.reset();
+  AioEngine::wait(h);
+}
+
+void SwappedPart::settle(int64_t begin) { settle(region_mut(begin)); }
 
 void SwappedPart::preallocate() {
   if (file_bytes_ > 0) file_->preallocate(file_bytes_);
@@ -85,7 +103,7 @@ void SwappedPart::preallocate() {
 
 int64_t SwappedPart::max_region_bytes() const {
   int64_t most = 0;
-  for (const Region& r : regions_) most = std::max(most, r.slot_bytes * int64_t(1 + slots_));
+  for (const Region& r : regions_) most = std::max(most, kHeaderBytes + r.slot_bytes * int64_t(1 + slots_));
   return most;
 }
 
@@ -99,18 +117,25 @@ const SwappedPart::Region& SwappedPart::region(int64_t begin) const {
 SwappedPart::Region& SwappedPart::region_mut(int64_t begin) { return const_cast<Region&>(region(begin)); }
 
 AioEngine::Handle SwappedPart::read(int64_t begin, const at::Tensor& buffer) {
-  const Region& r = region(begin);
-  const int64_t bytes = r.has_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes;
+  Region& r = region_mut(begin);
+  settle(r);
+  const int64_t bytes = kHeaderBytes + (r.has_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes);
   ZS_CHECK(buffer.nbytes() >= size_t(bytes), "SwappedPart::read: buffer too small");
   return space_.engine().read(*file_, buffer.data_ptr(), bytes, r.offset);
 }
 
 AioEngine::Handle SwappedPart::write(int64_t begin, const at::Tensor& buffer, bool with_state) {
   Region& r = region_mut(begin);
-  const int64_t bytes = with_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes;
+  settle(r);  // why: two writes of one region in flight could land in either order
+  const int64_t bytes = kHeaderBytes + (with_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes);
   ZS_CHECK(buffer.nbytes() >= size_t(bytes), "SwappedPart::write: buffer too small");
+  Header h;
+  h.begin = r.begin;
+  h.sequence = ++r.sequence;
+  std::memcpy(buffer.data_ptr(), &h, sizeof(h));
   r.has_state = r.has_state || (with_state && slots_ > 0);
-  return space_.engine().write(*file_, buffer.data_ptr(), bytes, r.offset);
+  r.pending = space_.engine().write(*file_, buffer.data_ptr(), bytes, r.offset);
+  return r.pending;
 }
 
 void SwappedPart::load(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state, double init) {
@@ -118,6 +143,7 @@ void SwappedPart::load(int64_t begin, const at::Tensor& master, const std::vecto
   at::Tensor buffer = space_.acquire(max_region_bytes());
   try {
     AioEngine::wait(read(begin, buffer));
+    check(begin, buffer);
     master.copy_(view(buffer, begin, -1));
     for (size_t s = 0; s < state.size(); ++s) {
       if (r.has_state) {
@@ -138,7 +164,9 @@ void SwappedPart::store(int64_t begin, const at::Tensor& master, const std::vect
   try {
     view(buffer, begin, -1).copy_(master);
     for (size_t s = 0; s < state.size(); ++s) view(buffer, begin, int64_t(s)).copy_(state[s]);
-    AioEngine::wait(write(begin, buffer, !state.empty()));
+    ++region_mut(begin).generation;
+    write(begin, buffer, !state.empty());
+    settle(begin);
   } catch (...) {
     space_.release(buffer);
     throw;
@@ -148,14 +176,35 @@ void SwappedPart::store(int64_t begin, const at::Tensor& master, const std::vect
 
 at::Tensor SwappedPart::view(const at::Tensor& buffer, int64_t begin, int64_t slot) const {
   const Region& r = region(begin);
-  const int64_t at_byte = r.slot_bytes * (slot + 1);
+  const int64_t at_byte = kHeaderBytes + r.slot_bytes * (slot + 1);
   return buffer.narrow(0, at_byte, r.numel * int64_t(sizeof(float))).view(at::kFloat);
+}
+
+void SwappedPart::check(int64_t begin, const at::Tensor& buffer) const {
+  const Region& r = region(begin);
+  Header got;
+  std::memcpy(&got, buffer.data_ptr(), sizeof(got));
+  Header want;  // the magic by its default
+  want.begin = r.begin;
+  want.sequence = r.sequence;
+  if (std::memcmp(got.magic, want.magic, sizeof(got.magic)) == 0 && got.begin == want.begin &&
+      got.sequence == want.sequence) {
+    return;
+  }
+  throw IoError(detail::cat("read ", file_->path(), ": the sub-group at offset ", r.offset, " (",
+                            kHeaderBytes + r.slot_bytes * int64_t(1 + slots_), " bytes) does not hold what this "
+                            "run wrote there (write ", r.sequence, " of elements [", r.begin, ", ",
+                            r.begin + r.numel, ")): the file was truncated, overwritten or replaced by "
+                            "something else while the run used it"));
 }
 
 bool SwappedPart::has_state(int64_t begin) const { return region(begin).has_state; }
 
 void SwappedPart::forget_state() {
-  for (Region& r : regions_) r.has_state = false;
+  for (Region& r : regions_) {
+    r.has_state = false;
+    ++r.generation;
+  }
 }
 
 }  // namespace zeroshard

@@ -1,8 +1,10 @@
 // NVMe residency of optimizer state (offload_optimizer.device "nvme"): a rank's swap space (its
 // directory, its I/O engine and the host buffers the sub-groups are staged in) and, per shard
 // part, the file that holds each sub-group's fp32 master and optimizer state. A sub-group is one
-// region of its part's file: the master, then each state slot, each padded to the direct-I/O
-// alignment, so one read brings the whole sub-group into one buffer and one write takes it back.
+// region of its part's file: a header block, the master, then each state slot, each padded to the
+// direct-I/O alignment, so one read brings the whole sub-group into one buffer and one write
+// takes it back. The header (a magic, the sub-group, the number of its last write) is checked on
+// every read: a file truncated or rewritten under the run is an error, never zeros taken for state.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -70,11 +72,17 @@ class SwappedPart {
   // Bytes of a staging buffer that holds any of this part's sub-groups.
   int64_t max_region_bytes() const;
   // Starts reading the sub-group that begins at `begin` into `buffer`: its master, and its state
-  // when has_state(begin) (else the caller fills the state views with their initial value).
+  // when has_state(begin) (else the caller fills the state views with their initial value). A
+  // write of the sub-group still in flight is waited for first, so a read sees the last write.
   AioEngine::Handle read(int64_t begin, const at::Tensor& buffer);
   // Starts writing the sub-group back from `buffer`: its master, and its state when `with_state`
-  // (has_state(begin) is true from then on).
+  // (has_state(begin) is true from then on). The write stays the sub-group's pending one until
+  // settle() or the next read or write of it waits for it (raising its IoError, if any).
   AioEngine::Handle write(int64_t begin, const at::Tensor& buffer, bool with_state);
+  void settle(int64_t begin);
+  // Counts the writes of the sub-group made outside the step (store) and the state being dropped:
+  // a staging buffer kept from an earlier step is current only while this has not changed.
+  int64_t generation(int64_t begin) const { return region(begin).generation; }
   // Synchronously, through one staging buffer: the sub-group's master and `state` (its state on
   // disk, else filled with `init`) read into host tensors, or written from them (the state only
   // when `state` is not empty).
@@ -82,17 +90,29 @@ class SwappedPart {
   void store(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state);
   // Views into a staging buffer of the sub-group's master (slot -1) and state slots, fp32.
   at::Tensor view(const at::Tensor& buffer, int64_t begin, int64_t slot) const;
+  // After a read into `buffer` completed: an IoError naming the file and offset unless the
+  // buffer holds the sub-group's last write.
+  void check(int64_t begin, const at::Tensor& buffer) const;
   bool has_state(int64_t begin) const;
   // The state on disk is stale (the shard dropped its state): reads give the master only.
   void forget_state();
 
  private:
+  static constexpr int64_t kHeaderBytes = kDirectAlignment;
+  struct Header {
+    char magic[8] = {'Z', 'S', 'S', 'W', 'A', 'P', '0', '1'};
+    int64_t begin = 0, sequence = 0;
+  };
   struct Region {
     int64_t begin = 0, numel = 0, offset = 0, slot_bytes = 0;
+    int64_t sequence = 0;  // writes so far
     bool has_state = false;
+    AioEngine::Handle pending;  // the last write, until waited for
+    int64_t generation = 0;
   };
   const Region& region(int64_t begin) const;
   Region& region_mut(int64_t begin);
+  static void settle(Region& r);
 
   SwapSpace& space_;
   std::unique_ptr<DirectFile> file_;

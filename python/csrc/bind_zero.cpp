@@ -299,6 +299,8 @@ void bind_zero(py::module_& m) {
       .def("end_entries", &ZeroOptimizer::end_entries, py::arg("written"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("swap_backend", &ZeroOptimizer::swap_backend)
+      // Fault tests: "<eio|short>:<read|write>:<n>", the n-th NVMe block request from now fails.
+      .def("inject_nvme_fault", &ZeroOptimizer::inject_swap_fault, py::arg("spec"))
       .def("drop_optimizer_state", &ZeroOptimizer::drop_optimizer_state)
       .def_property_readonly("optimizer_type", [](const ZeroOptimizer& o) { return o.optimizer().type; })
       .def_property_readonly("state_names",

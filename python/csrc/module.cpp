@@ -9,6 +9,9 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zeroshard C++ runtime (private; use the zeroshard package)";
+  // torch first: its types (at::Tensor's caster) must be registered before any binding runs,
+  // also when _C is imported before anything imported torch.
+  pybind11::module_::import("torch");
   // Translators are tried newest first, so the base class is registered before its subclasses.
   auto& error = pybind11::register_exception<zeroshard::Error>(m, "Error", PyExc_RuntimeError);
   pybind11::register_exception<zeroshard::CommError>(m, "CommError", error.ptr());

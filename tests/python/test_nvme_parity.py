@@ -33,15 +33,16 @@ def nvme_parity_worker(stage, precision, gas, path, opts):
     # On disk: nothing of the master or the state is held in memory between steps.
     for key in ("master_weights", "optimizer_state", "host_master_weights", "host_optimizer_state"):
         assert got[key] == 0, (key, got)
-    # Host memory: the staging buffers (at most buffer_count regions of a sub-group's master and
-    # two Adam moments, each padded to 4 KiB, plus one alignment's slack each) and the pool's
-    # gradient and parameter buffers, one sub-group each, a few at a time.
-    region = 3 * (-(-1000 * 4 // 4096) * 4096)
+    # Host memory: the staging buffers (at most buffer_count, each a 4 KiB header, a sub-group's
+    # master and two Adam moments, each padded to 4 KiB, plus one alignment's slack) and the pool's
+    # gradient and 16-bit buffers (reused by byte size; per sub-group size at most two gradient
+    # buffers, the next one's copy and this one's, and two uploads in flight).
     sub_groups = [sg for g in range(len(engine.optimizer.param_groups)) for sg in engine._core.sub_groups(g)]
-    largest = max(n for _, n, _ in sub_groups)
     assert all(where == "nvme" for _, _, where in sub_groups), sub_groups
-    staging = opts.get("buffer_count", 4) * (3 * (-(-largest * 4 // 4096) * 4096) + 4096)
-    assert got["host_buffers"] <= staging + 6 * largest * 4, (got, region, largest)
+    largest = max(n for _, n, _ in sub_groups)
+    staging = opts.get("buffer_count", 4) * (4096 + 3 * (-(-largest * 4 // 4096) * 4096) + 4096)
+    pooled = 4 * sum(n * 4 for n in {n for _, n, _ in sub_groups})
+    assert got["host_buffers"] <= staging + pooled, (got, staging, pooled)
     rank = int(os.environ["RANK"])
     mine = [d for d in _swap_dirs(path) if d.endswith(f"-rank{rank}")]
     assert len(mine) == 1, _swap_dirs(path)
