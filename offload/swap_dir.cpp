@@ -8,13 +8,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "offload/filesystem.h"
 #include "runtime/error.h"
@@ -112,9 +114,11 @@ void warn_about_stale_siblings(const std::string& parent, const std::string& own
     const int fd = ::open((dir + "/" + kLockName).c_str(), O_RDONLY | O_CLOEXEC);
     bool stale;
     if (fd < 0) {
-      // No lock file at all: its run died between making the directory and locking it. Another
-      // error (another user's directory) is not ours to judge.
-      stale = errno == ENOENT;
+      // No lock file in a directory that is still there: a directory of the prefix always has
+      // one while its run lives (it is locked before it is renamed into place, and renamed away
+      // before it is emptied), so its run died. One that vanished meanwhile was removed by its
+      // owner; another error (another user's directory) is not ours to judge.
+      stale = errno == ENOENT && lstat(dir.c_str(), &st) == 0;
     } else {
       // Taking the lock proves nobody holds it; closing the descriptor gives it back at once.
       stale = flock(fd, LOCK_EX | LOCK_NB) == 0;
@@ -134,7 +138,7 @@ void warn_about_stale_siblings(const std::string& parent, const std::string& own
 // first use, before the exit handler is registered, so it outlives the handler's call.
 struct LiveDirs {
   std::mutex mutex;
-  std::set<std::string> paths;
+  std::vector<std::pair<std::string, pid_t>> dirs;  // path, the process that made it
 };
 
 void remove_live_dirs_at_exit();
@@ -148,11 +152,20 @@ LiveDirs& live_dirs() {
   return *dirs;
 }
 
+// Out of the prefix's names first, so no scan takes a directory being emptied for a dead run's.
+void remove_owned(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string gone = path.substr(0, slash + 1) + ".old-" + path.substr(slash + 1);
+  remove_tree(::rename(path.c_str(), gone.c_str()) == 0 ? gone : path);
+}
+
 void remove_live_dirs_at_exit() {
   LiveDirs& d = live_dirs();
   std::lock_guard<std::mutex> lock(d.mutex);
-  for (const std::string& path : d.paths) remove_tree(path);
-  d.paths.clear();
+  for (const auto& [path, pid] : d.dirs) {
+    if (pid == ::getpid()) remove_owned(path);
+  }
+  d.dirs.clear();
 }
 
 }  // namespace
@@ -189,40 +202,36 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& config_key, in
 
   std::string parent = nvme_path;
   while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  const std::string base = parent == "/" ? "" : parent;
   // A process may hold several (two engines, or one made before the last was freed): numbered.
   static std::atomic<int64_t> made{0};
   const std::string own_name = detail::cat(kPrefix, host_name(), "-", ::getpid(), "-", made++, "-rank", rank);
-  path_ = (parent == "/" ? "" : parent) + "/" + own_name;
-
-  if (::mkdir(path_.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw refuse(detail::cat("is not writable: cannot create ", path_, " (", std::strerror(errno),
+  // Made and locked under a name no scan matches, then renamed into place: a directory of the
+  // prefix always has its lock file, held while its run lives.
+  const std::string staging = base + "/.new-" + own_name;
+  path_ = staging;
+  if (::mkdir(staging.c_str(), 0700) != 0) {
+    throw refuse(detail::cat("is not writable: cannot create ", staging, " (", std::strerror(errno),
                              "); make it writable by this user or set ", config_key, " to another directory"));
   }
-  // An existing directory of our own name is a dead run's that had this pid, unless its lock is
-  // held: then another SwapDir of this process already owns this rank's directory.
   lock_fd_ = ::open(file(kLockName).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) {
+  if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    remove_tree(path_);
-    throw refuse(detail::cat("is not writable: cannot create ", file(kLockName), " (", std::strerror(err), ")"));
-  }
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(lock_fd_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);
     lock_fd_ = -1;
-    if (err == EWOULDBLOCK) {
-      throw UsageError(detail::cat(config_key, ": ", path_, " is already in use (its ", kLockName,
-                                   " is held): another SwapDir of this process for rank ", rank,
-                                   ", or a process with the same host name and pid in another container; make one "
-                                   "SwapDir per rank"));
-    }
-    throw Error(detail::cat("SwapDir: flock ", file(kLockName), " failed: ", std::strerror(err)));
+    remove_tree(staging);
+    throw refuse(detail::cat("is not writable: cannot create and lock ", staging, "/", kLockName, " (",
+                             std::strerror(err), ")"));
   }
 
   const char* call = "";
-  const int err = probe_direct_write(file(kProbeName), &call);
+  int err = probe_direct_write(file(kProbeName), &call);
+  if (err == 0 && ::rename(staging.c_str(), (base + "/" + own_name).c_str()) != 0) {
+    err = errno;
+    call = "rename into place";
+  }
   if (err != 0) {
-    remove_tree(path_);
+    remove_tree(staging);
     ::close(lock_fd_);
     lock_fd_ = -1;
     if (err == EINVAL) {
@@ -231,12 +240,14 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& config_key, in
                                "); use a directory on a local disk (ext4/xfs)"));
     }
     throw refuse(detail::cat("cannot take swap files: ", call, " of a ", kProbeBytes,
-                             "-byte test file with O_DIRECT in ", path_, " failed: ", std::strerror(err)));
+                             "-byte test file with O_DIRECT in ", staging, " failed: ", std::strerror(err)));
   }
+  path_ = base + "/" + own_name;
+  owner_pid_ = ::getpid();
   warn_about_stale_siblings(parent, own_name);
   LiveDirs& live = live_dirs();
   std::lock_guard<std::mutex> lock(live.mutex);
-  live.paths.insert(path_);
+  live.dirs.emplace_back(path_, owner_pid_);
 }
 
 SwapDir::~SwapDir() {
@@ -244,11 +255,12 @@ SwapDir::~SwapDir() {
   {
     LiveDirs& live = live_dirs();
     std::lock_guard<std::mutex> lock(live.mutex);
-    live.paths.erase(path_);
+    live.dirs.erase(std::remove(live.dirs.begin(), live.dirs.end(), std::make_pair(path_, owner_pid_)),
+                    live.dirs.end());
   }
-  // The lock goes last: until the directory is gone, no other process may call it stale.
-  remove_tree(path_);
-  ::close(lock_fd_);
+  // A child of fork() that exits does not own its parent's directory.
+  if (::getpid() == owner_pid_) remove_owned(path_);
+  ::close(lock_fd_);  // the lock goes last: until the directory is gone, no scan may call it stale
 }
 
 std::string SwapDir::file(const std::string& name) const {

@@ -35,6 +35,7 @@ class SwapDir {
   std::string path_;
   std::string config_key_;
   int lock_fd_ = -1;
+  int owner_pid_ = -1;  // the process that made it (a fork()ed child does not remove it)
 };
 
 }  // namespace zeroshard

@@ -205,8 +205,24 @@ std::vector<std::vector<at::Tensor>> ZeroOptimizer::grad_views() const {
   return out;
 }
 
+void ZeroOptimizer::require_not_failed(const std::string& what) const {
+  if (failed_.empty()) return;
+  throw Error(detail::cat(what, ": refused, ", failed_));
+}
+
 StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples) {
-  const StepResult r = step_->run(hypers, samples);
+  require_not_failed("optimizer step");
+  StepResult r;
+  try {
+    r = step_->run(hypers, samples);
+  } catch (const IoError& e) {
+    // Some sub-groups may be updated and others not, and the step counters have moved: nothing
+    // this rank holds is a consistent state any more (a checkpoint of it would be one).
+    failed_ = detail::cat("an earlier optimizer step (", state_.global_steps() + 1, ") failed on rank ",
+                          comm_->rank(), " with an I/O error, so the optimizer state is partly "
+                          "updated; restart from the last checkpoint. The error: ", e.what());
+    throw;
+  }
   if (r.applied && coordinator_) coordinator_->gatherer().refresh_persistent();
   zero_grad();
   return r;
@@ -240,10 +256,16 @@ void ZeroOptimizer::zero_grad() {
 std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
   std::vector<FlatGroup*> groups;
   std::vector<OptimizerShard*> shards;
+  require_not_failed("reading the optimizer state");
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups.push_back(groups_[g].get());
     shards.push_back(shards_[g].get());
-    shards_[g]->make_resident();  // NVMe state read into host memory until end_entries
+    try {
+      shards_[g]->make_resident();  // NVMe state read into host memory until end_entries
+    } catch (...) {
+      for (size_t h = 0; h < g; ++h) shards_[h]->end_resident(false);  // all or none
+      throw;
+    }
   }
   return zeroshard::shard_entries(groups, shards, frozen_.get(), *strategy_, with_state);
 }

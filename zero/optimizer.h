@@ -126,6 +126,8 @@ class ZeroOptimizer {
   // NVMe: checks the disk space of every shard's file, allocates them and writes the seeded
   // masters out.
   void write_out_swapped();
+  // An Error naming `what` once a step has failed part-way (failed_).
+  void require_not_failed(const std::string& what) const;
 
   std::shared_ptr<Comm> comm_;
   Config config_;
@@ -145,6 +147,8 @@ class ZeroOptimizer {
   TrainingState state_;
   std::unique_ptr<ShardedStep> step_;
   std::unique_ptr<FullValues> full_values_;
+  // Set when a step failed part-way with an I/O error: every later step and state read refuses.
+  std::string failed_;
 };
 
 }  // namespace zeroshard

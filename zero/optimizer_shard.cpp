@@ -102,23 +102,48 @@ void OptimizerShard::drop_state() {
   has_state_ = false;
 }
 
+bool OptimizerShard::swapped_anywhere() const {
+  return std::any_of(parts_.begin(), parts_.end(), [](const ShardPart& p) { return p.swapped != nullptr; });
+}
+
 void OptimizerShard::make_resident() {
-  if (resident_++ > 0) return;
+  if (!swapped_anywhere()) return;  // nothing to bring in, and nothing to count
+  if (resident_ > 0) {
+    ++resident_;
+    return;
+  }
+  // Read into new tensors, kept only when every read succeeded: a failed read leaves the shard
+  // as it was (not resident), never holding tensors that were never filled.
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> loaded;
   for (ShardPart& p : parts_) {
     if (!p.swapped) continue;
-    p.master = at::empty({p.numel}, at::kFloat);
-    memory_.add(category(p, MemoryCategory::master_weights), p.master.nbytes());
-    if (has_state_) add_state(p);
+    at::Tensor master = at::empty({p.numel}, at::kFloat);
+    std::vector<at::Tensor> state;
+    for (size_t i = 0; has_state_ && i < row_.state_names.size(); ++i) state.push_back(at::empty({p.numel}, at::kFloat));
     for (const SubGroup& sg : sub_groups_) {
       if (sg.begin < p.begin || sg.begin >= p.begin + p.numel) continue;
-      std::vector<at::Tensor> state;
-      for (const at::Tensor& s : p.state) state.push_back(s.narrow(0, sg.begin - p.begin, sg.numel));
-      p.swapped->load(sg.begin, p.master.narrow(0, sg.begin - p.begin, sg.numel), state, state_init_);
+      std::vector<at::Tensor> pieces;
+      for (const at::Tensor& s : state) pieces.push_back(s.narrow(0, sg.begin - p.begin, sg.numel));
+      p.swapped->load(sg.begin, master.narrow(0, sg.begin - p.begin, sg.numel), pieces, state_init_);
+    }
+    loaded.emplace_back(std::move(master), std::move(state));
+  }
+  size_t next = 0;
+  for (ShardPart& p : parts_) {
+    if (!p.swapped) continue;
+    auto& [master, state] = loaded[next++];
+    p.master = std::move(master);
+    memory_.add(category(p, MemoryCategory::master_weights), p.master.nbytes());
+    for (at::Tensor& s : state) {
+      memory_.add(category(p, MemoryCategory::optimizer_state), s.nbytes());
+      p.state.push_back(std::move(s));
     }
   }
+  resident_ = 1;
 }
 
 void OptimizerShard::end_resident(bool written) {
+  if (!swapped_anywhere()) return;
   ZS_CHECK(resident_ > 0, "OptimizerShard::end_resident without make_resident");
   resident_written_ = resident_written_ || written;
   if (--resident_ > 0) return;

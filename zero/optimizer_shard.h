@@ -59,10 +59,12 @@ class OptimizerShard {
   // NVMe parts: their master and state read into host tensors (accounted as host memory), for
   // the reads and writes outside the step (checkpoints, safe_get/set, values written through
   // GatheredParameters). Counted: each make_resident() has one end_resident(); the last end
-  // writes them back if any of them `written`, and frees them. No-ops without an NVMe part.
+  // writes them back if any of them `written`, and frees them. No-ops without an NVMe part. A
+  // make_resident whose read fails raises with the shard as it was (not resident).
   void make_resident();
   void end_resident(bool written);
   bool resident() const { return resident_ > 0; }
+  bool swapped_anywhere() const;
   SwappedPart* swapped(int64_t begin, int64_t numel) const { return part(begin, numel).swapped.get(); }
   double state_init() const { return state_init_; }
   // The state, created (and accounted) on first use, that is at the first optimizer step, as

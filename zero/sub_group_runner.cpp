@@ -212,6 +212,25 @@ void SubGroupRunner::run(const Update& update) {
     if (backwards_) std::reverse(host.begin(), host.end());
     backwards_ = !backwards_;
   }
+  try {
+    run_host(host, pieces, update, swaps);
+  } catch (...) {
+    // The step failed part-way (an I/O error): the staging buffers it held go back, so the
+    // pipeline is whole for the error's report and the destructors (the optimizer refuses to
+    // step again: ZeroOptimizer::step).
+    if (swaps) swaps->abandon();
+    throw;
+  }
+  if (swaps) {
+    swaps->end_step();
+    times_.nvme_wait_ms = swaps->wait_ms();
+    times_.transfer_ms += swaps->wait_ms();
+  }
+  forget_early_gradients();  // any left (a sub-group the step did not reach) are stale now
+}
+
+void SubGroupRunner::run_host(const std::vector<Job>& host, const std::vector<Pieces>& pieces,
+                              const Update& update, SwapPipeline* swaps) {
   std::vector<Upload> uploads;
   size_t finished = 0;
   // The NVMe read of job j's master and state, started ahead where the pipeline allows.
@@ -235,12 +254,6 @@ void SubGroupRunner::run(const Update& update) {
     update_on_host(std::move(cur), host[j], update, uploads, swaps, stage);
   }
   for (; finished < uploads.size(); ++finished) finish_upload(uploads[finished]);
-  if (swaps) {
-    swaps->end_step();
-    times_.nvme_wait_ms = swaps->wait_ms();
-    times_.transfer_ms += swaps->wait_ms();
-  }
-  forget_early_gradients();  // any left (a sub-group the step did not reach) are stale now
 }
 
 }  // namespace zeroshard

@@ -82,6 +82,9 @@ class SubGroupRunner {
   void update_on_host(Staged staged, const Job& job, const Update& update, std::vector<Upload>& uploads,
                       SwapPipeline* swaps, const at::Tensor& stage);
   void finish_upload(Upload& u);
+  // The host-resident (and NVMe) sub-groups `host` of one step, in order.
+  void run_host(const std::vector<Job>& host, const std::vector<Pieces>& pieces, const Update& update,
+                SwapPipeline* swaps);
 
   std::vector<FlatGroup*> groups_;
   std::vector<OptimizerShard*> shards_;

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace zeroshard {
 
@@ -26,8 +27,9 @@ SwapPipeline::~SwapPipeline() {
         // why: the engine reads or writes the buffer until then
         if (h.read) AioEngine::wait(h.read);
         h.part->settle(h.begin);
-      } catch (const Error&) {
-        // The run is ending; a failed write's state is gone with it.
+      } catch (const Error& e) {
+        // The run is ending: its state on disk goes with it, so this is worth a line, not a throw.
+        warn(detail::cat("NVMe: at shutdown: ", e.what()));
       }
       space_.release(h.buffer);
     }
@@ -37,7 +39,7 @@ SwapPipeline::~SwapPipeline() {
 
 void SwapPipeline::begin_step() { wait_ms_ = 0.0; }
 
-int64_t SwapPipeline::held() const { return int64_t(reads_.size() + kept_.size()) + taken_; }
+int64_t SwapPipeline::held() const { return int64_t(reads_.size() + kept_.size() + taken_.size()); }
 
 void SwapPipeline::wait(const AioEngine::Handle& h) {
   const auto t = Clock::now();
@@ -74,7 +76,7 @@ void SwapPipeline::prefetch(SwappedPart& part, int64_t begin) {
   while (held() >= space_.buffer_count() && evict_one()) {
   }
   if (held() >= space_.buffer_count()) return;
-  Held h{&part, begin, space_.acquire(part.max_region_bytes()), {}, 0};
+  Held h{&part, begin, space_.acquire(), {}, 0};
   h.read = part.read(begin, h.buffer);
   reads_.push_back(std::move(h));
 }
@@ -93,7 +95,7 @@ at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
         space_.release(h.buffer);
         throw;
       }
-      ++taken_;
+      taken_.push_back(h.buffer);
       return h.buffer;
     }
     // Written since outside the step (a load, safe_set): the file holds the truth.
@@ -113,7 +115,7 @@ at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
     ZS_CHECK(reads_.empty(), "SwapPipeline::take: sub-group ", begin, " is not the one prefetched");
     while (held() >= space_.buffer_count() && evict_one()) {
     }
-    h = Held{&part, begin, space_.acquire(part.max_region_bytes()), {}, 0};
+    h = Held{&part, begin, space_.acquire(), {}, 0};
     h.read = part.read(begin, h.buffer);
   }
   try {
@@ -123,7 +125,7 @@ at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
     space_.release(h.buffer);  // why: the engine is done with it, failed or not
     throw;
   }
-  ++taken_;
+  taken_.push_back(h.buffer);
   if (!part.has_state(begin)) {
     // Never written with state (the first step, or the state was dropped): torch.optim's start.
     for (size_t s = 0; s < part.slots(); ++s) part.view(h.buffer, begin, int64_t(s)).fill_(init);
@@ -132,7 +134,10 @@ at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
 }
 
 void SwapPipeline::put(SwappedPart& part, int64_t begin, const at::Tensor& buffer) {
-  --taken_;
+  const auto it = std::find_if(taken_.begin(), taken_.end(),
+                               [&](const at::Tensor& t) { return t.data_ptr() == buffer.data_ptr(); });
+  ZS_CHECK(it != taken_.end(), "SwapPipeline::put: not a buffer take() handed out");
+  taken_.erase(it);
   Held h{&part, begin, buffer, {}, 0};
   try {
     part.write(begin, buffer, true);
@@ -148,8 +153,22 @@ void SwapPipeline::put(SwappedPart& part, int64_t begin, const at::Tensor& buffe
 }
 
 void SwapPipeline::end_step() {
-  ZS_CHECK(reads_.empty() && taken_ == 0, "SwapPipeline::end_step: ", reads_.size(), " reads and ", taken_,
-           " sub-groups not written back");
+  ZS_CHECK(reads_.empty() && taken_.empty(), "SwapPipeline::end_step: ", reads_.size(), " reads and ",
+           taken_.size(), " sub-groups not written back");
+}
+
+void SwapPipeline::abandon() {
+  for (Held& h : reads_) {
+    try {
+      AioEngine::wait(h.read);
+    } catch (const Error& e) {
+      warn(detail::cat("NVMe: a read ahead of the failed step also failed: ", e.what()));
+    }
+    space_.release(h.buffer);
+  }
+  reads_.clear();
+  for (const at::Tensor& t : taken_) space_.release(t);
+  taken_.clear();
 }
 
 }  // namespace zeroshard

@@ -37,6 +37,9 @@ class SwapPipeline {
   void put(SwappedPart& part, int64_t begin, const at::Tensor& buffer);
   // The step's end: every buffer is back (checked).
   void end_step();
+  // The step failed part-way: reads in flight are waited for (their errors dropped) and their
+  // buffers and those take() handed out are given back; buffers kept from put() stay.
+  void abandon();
   // Milliseconds this step spent waiting for reads and writes.
   double wait_ms() const { return wait_ms_; }
 
@@ -57,7 +60,7 @@ class SwapPipeline {
   SwapSpace& space_;
   std::deque<Held> reads_;  // at most one: the prefetched sub-group
   std::deque<Held> kept_;   // written back, oldest first
-  int64_t taken_ = 0;       // buffers take() handed out and put() has not had back
+  std::deque<at::Tensor> taken_;  // buffers take() handed out and put() has not had back
   double wait_ms_ = 0.0;
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace zeroshard {
 
@@ -45,11 +46,10 @@ SwapSpace::~SwapSpace() {
 
 std::string SwapSpace::backend() const { return engine_->backend_reason(); }
 
-at::Tensor SwapSpace::acquire(int64_t bytes) {
-  ZS_CHECK(bytes > 0 && bytes % kDirectAlignment == 0, "SwapSpace::acquire: ", bytes, " bytes");
+at::Tensor SwapSpace::acquire() {
   // One alignment's slack: host allocators align to less than a page.
-  at::Tensor base = pool_.acquire(bytes + kDirectAlignment, at::kByte);
-  at::Tensor view = aligned_for_direct_io(base, bytes);
+  at::Tensor base = pool_.acquire(staging_bytes_ + kDirectAlignment, at::kByte);
+  at::Tensor view = aligned_for_direct_io(base, staging_bytes_);
   lent_.emplace_back(view, base);
   return view;
 }
@@ -76,14 +76,16 @@ SwappedPart::SwappedPart(SwapSpace& space, const std::string& name, const std::v
     regions_.push_back(r);
   }
   file_ = std::make_unique<DirectFile>(space_.dir().file(name), true);
+  space_.note_region(max_region_bytes());
 }
 
 SwappedPart::~SwappedPart() {
   for (Region& r : regions_) {
     try {
       settle(r);  // why: the file closes next
-    } catch (const Error&) {
-      // A write that failed after its step: the state it held is gone with this run anyway.
+    } catch (const Error& e) {
+      // The run is ending: its state on disk goes with it, so this is worth a line, not a throw.
+      warn(detail::cat("NVMe: at shutdown: ", e.what()));
     }
   }
 }
@@ -92,7 +94,14 @@ void SwappedPart::settle(Region& r) {
   if (!r.pending) return;
   const AioEngine::Handle h = std::move(r.pending);
   r.pending.reset();
-  AioEngine::wait(h);
+  try {
+    AioEngine::wait(h);
+  } catch (const IoError& e) {
+    // Some blocks may have landed and others not, the header among them: only a new write of
+    // the whole region makes it readable again.
+    r.lost = e.what();
+    throw;
+  }
 }
 
 void SwappedPart::settle(int64_t begin) { settle(region_mut(begin)); }
@@ -119,6 +128,10 @@ SwappedPart::Region& SwappedPart::region_mut(int64_t begin) { return const_cast<
 AioEngine::Handle SwappedPart::read(int64_t begin, const at::Tensor& buffer) {
   Region& r = region_mut(begin);
   settle(r);
+  if (!r.lost.empty()) {
+    throw IoError(detail::cat("read ", file_->path(), ": the sub-group at offset ", r.offset,
+                              " holds nothing usable: its last write failed (", r.lost, ")"));
+  }
   const int64_t bytes = kHeaderBytes + (r.has_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes);
   ZS_CHECK(buffer.nbytes() >= size_t(bytes), "SwappedPart::read: buffer too small");
   return space_.engine().read(*file_, buffer.data_ptr(), bytes, r.offset);
@@ -135,12 +148,13 @@ AioEngine::Handle SwappedPart::write(int64_t begin, const at::Tensor& buffer, bo
   std::memcpy(buffer.data_ptr(), &h, sizeof(h));
   r.has_state = r.has_state || (with_state && slots_ > 0);
   r.pending = space_.engine().write(*file_, buffer.data_ptr(), bytes, r.offset);
+  r.lost.clear();  // settle() sets it again if this write fails too
   return r.pending;
 }
 
 void SwappedPart::load(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state, double init) {
   const Region& r = region(begin);
-  at::Tensor buffer = space_.acquire(max_region_bytes());
+  at::Tensor buffer = space_.acquire();
   try {
     AioEngine::wait(read(begin, buffer));
     check(begin, buffer);
@@ -160,7 +174,7 @@ void SwappedPart::load(int64_t begin, const at::Tensor& master, const std::vecto
 }
 
 void SwappedPart::store(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state) {
-  at::Tensor buffer = space_.acquire(max_region_bytes());
+  at::Tensor buffer = space_.acquire();
   try {
     view(buffer, begin, -1).copy_(master);
     for (size_t s = 0; s < state.size(); ++s) view(buffer, begin, int64_t(s)).copy_(state[s]);

@@ -8,6 +8,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,9 +42,13 @@ class SwapSpace {
   bool pipeline_write() const { return pipeline_write_; }
   // "io_uring: ..." or "libaio: ...": the engine in use and why.
   std::string backend() const;
-  // A host buffer of `bytes` (a multiple of the alignment) whose data starts on an aligned
-  // address, as direct I/O needs; give it back with release().
-  at::Tensor acquire(int64_t bytes);
+  // A staging buffer, `staging_bytes()` long (one size for every part, so the pool holds at
+  // most the buffers in use at once), whose data starts on an address aligned for direct I/O;
+  // give it back with release().
+  at::Tensor acquire();
+  int64_t staging_bytes() const { return staging_bytes_; }
+  // A part's largest sub-group region: the staging size covers it.
+  void note_region(int64_t bytes) { staging_bytes_ = std::max(staging_bytes_, bytes); }
   void release(const at::Tensor& buffer);
 
  private:
@@ -52,6 +57,7 @@ class SwapSpace {
   std::unique_ptr<AioEngine> engine_;
   int64_t buffer_count_;
   bool pipeline_read_, pipeline_write_;
+  int64_t staging_bytes_ = kDirectAlignment;
   std::vector<std::pair<at::Tensor, at::Tensor>> lent_;  // (aligned view, pool buffer)
 };
 
@@ -109,10 +115,11 @@ class SwappedPart {
     bool has_state = false;
     AioEngine::Handle pending;  // the last write, until waited for
     int64_t generation = 0;
+    std::string lost;  // the error of a write that failed: the region holds nothing usable
   };
   const Region& region(int64_t begin) const;
   Region& region_mut(int64_t begin);
-  static void settle(Region& r);
+  void settle(Region& r);
 
   SwapSpace& space_;
   std::unique_ptr<DirectFile> file_;

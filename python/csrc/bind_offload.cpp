@@ -65,13 +65,14 @@ void bind_offload(py::module_& m) {
            }),
            py::arg("block_size") = 1048576, py::arg("queue_depth") = 8, py::arg("intra_op_parallelism") = 1,
            py::arg("single_submit") = false, py::arg("overlap_events") = true, py::arg("backend") = "auto")
-      // The file must outlive the request (the caller keeps it).
+      // keep_alive: the request keeps its file open (a closed descriptor's number could be
+      // reused by another file while the I/O is in flight).
       .def("read", [](AioEngine& e, const DirectFile& f, const at::Tensor& buffer, int64_t bytes, int64_t offset) {
              return Request{e.read(f, checked_bytes(buffer, bytes), bytes, offset), buffer};
-           }, py::arg("file"), py::arg("buffer"), py::arg("bytes"), py::arg("offset") = 0)
+           }, py::arg("file"), py::arg("buffer"), py::arg("bytes"), py::arg("offset") = 0, py::keep_alive<0, 2>())
       .def("write", [](AioEngine& e, const DirectFile& f, const at::Tensor& buffer, int64_t bytes, int64_t offset) {
              return Request{e.write(f, checked_bytes(buffer, bytes), bytes, offset), buffer};
-           }, py::arg("file"), py::arg("buffer"), py::arg("bytes"), py::arg("offset") = 0)
+           }, py::arg("file"), py::arg("buffer"), py::arg("bytes"), py::arg("offset") = 0, py::keep_alive<0, 2>())
       .def_property_readonly("backend", &AioEngine::backend)
       .def_property_readonly("backend_reason", &AioEngine::backend_reason);
 }

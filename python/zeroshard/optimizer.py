@@ -122,9 +122,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         at another world size, stage or precision, use engine.save_checkpoint / load_checkpoint,
         which reshard."""
         stepped = any(n > 0 for n in self.core.state.state_dict()["group_steps"])
-        entries = {f"{kind}/{index}/{begin}": values.detach().clone()
-                   for kind, index, begin, values, _ in self.core.shard_entries(stepped)}
-        self.core.end_entries(False)
+        live = self.core.shard_entries(stepped)
+        try:
+            entries = {f"{kind}/{index}/{begin}": values.detach().clone() for kind, index, begin, values, _ in live}
+        finally:
+            self.core.end_entries(False)
         groups = []
         first = 0
         for g in self.param_groups:
@@ -157,22 +159,26 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         values = state_dict["state"]
         stepped = any(k.split("/", 1)[0] in self.core.state_names for k in values)
         entries = self.core.shard_entries(stepped)
-        # Saved before the first step: this run's state (if it stepped) is dropped below.
-        keys = {f"{kind}/{index}/{begin}": v for kind, index, begin, v, _ in entries
-                if stepped or kind not in self.core.state_names}
-        missing = sorted(set(keys) - set(values))
-        extra = sorted(set(values) - set(keys))
-        if missing or extra:
-            raise ValueError(f"optimizer.load_state_dict: the saved shard does not match this "
-                             f"rank's: missing {missing[:3]}, unexpected {extra[:3]} (was the model "
-                             "or its parameter groups changed?)")
-        for key, live in keys.items():
-            if values[key].shape != live.shape:
-                raise ValueError(f"optimizer.load_state_dict: {key} has shape "
-                                 f"{tuple(values[key].shape)}, this rank holds {tuple(live.shape)}")
-        # Everything is checked before the first value changes: the training state's own check
-        # (a loss scaler this run's fp16 settings cannot have) runs first.
-        self.core.state.load_state_dict(state_dict["training_state"])
+        try:  # a refused load leaves NVMe state where it was (end_entries)
+            # Saved before the first step: this run's state (if it stepped) is dropped below.
+            keys = {f"{kind}/{index}/{begin}": v for kind, index, begin, v, _ in entries
+                    if stepped or kind not in self.core.state_names}
+            missing = sorted(set(keys) - set(values))
+            extra = sorted(set(values) - set(keys))
+            if missing or extra:
+                raise ValueError(f"optimizer.load_state_dict: the saved shard does not match this "
+                                 f"rank's: missing {missing[:3]}, unexpected {extra[:3]} (was the model "
+                                 "or its parameter groups changed?)")
+            for key, live in keys.items():
+                if values[key].shape != live.shape:
+                    raise ValueError(f"optimizer.load_state_dict: {key} has shape "
+                                     f"{tuple(values[key].shape)}, this rank holds {tuple(live.shape)}")
+            # Everything is checked before the first value changes: the training state's own check
+            # (a loss scaler this run's fp16 settings cannot have) runs first.
+            self.core.state.load_state_dict(state_dict["training_state"])
+        except BaseException:
+            self.core.end_entries(False)
+            raise
         if not stepped:
             self.core.drop_optimizer_state()  # saved before the first step: so is this run now
         with torch.no_grad():

@@ -193,10 +193,8 @@ void read_zero(Block& top, Config& c) {
 
 void read_aio(Block& top, Config& c) {
   Block a = top.child("aio");
+  // Its alignment and bounds are the I/O engine's to check (offload/aio_engine.h), when it runs.
   c.aio.block_size = a.get_int("block_size", c.aio.block_size, 1);
-  if (c.aio.block_size % 4096 != 0)
-    a.fail("block_size", "got " + std::to_string(c.aio.block_size) + ", expected a multiple of 4096 "
-           "(direct I/O moves whole device blocks)");
   c.aio.queue_depth = a.get_int("queue_depth", c.aio.queue_depth, 1);
   const bool has_parallelism = a.has("intra_op_parallelism");
   c.aio.intra_op_parallelism = a.get_int("intra_op_parallelism", c.aio.intra_op_parallelism, 1);

@@ -61,3 +61,77 @@ def test_checkpoints_move_between_nvme_and_memory_and_continue_uninterrupted(tmp
             _assert_close(got["loaded"], run["saved"], f"{case} rank {rank}, just after load", tol=0.0)
             _assert_close(got["losses"], run["losses"][SAVE_AT:], f"{case} rank {rank}, losses after load")
             _assert_close(got["end"], run["end"], f"{case} rank {rank}, at step {END}")
+
+
+# ----- two parameter groups, and part of the state on the device (ratio < 1) --------------------
+
+def groups_worker(offload):
+    """The usual weight-decay split into two parameter groups, 4 steps; everything a resume needs."""
+    from models import tiny_gpt
+    model = tiny_gpt()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    import zeroshard
+    engine, *_ = zeroshard.initialize(model=model, model_parameters=groups, config=_cfg(2, offload))
+    losses = W.train(engine, "gpt", 0, 4)
+    if offload:
+        residencies = {where for g in range(2) for _, _, where in engine._core.sub_groups(g)}
+        assert residencies == {"device", "nvme"}, residencies  # the split really happened
+    return {"losses": losses, "end": W.snapshot(engine)}
+
+
+def test_two_parameter_groups_with_part_of_the_state_on_nvme(tmp_path):
+    offload = _nvme(tmp_path)
+    offload["offload_optimizer"]["ratio"] = 0.5
+    _compare_with_and_without(groups_worker, offload)
+
+
+# ----- after an I/O error: no half-written checkpoint, and no step on a half-updated state ------
+
+def save_fault_worker(root, nvme_path):
+    import zeroshard
+    engine = W.build("gpt", _cfg(2, _nvme(nvme_path)))
+    W.train(engine, "gpt", 0, 2)
+    engine.save_checkpoint(root, tag="good")
+    engine._core.inject_nvme_fault("eio:read:1")  # the save's first read of the state fails
+    with pytest.raises(RuntimeError, match=r"Input/output error"):
+        engine.save_checkpoint(root, tag="bad")
+    assert not os.path.exists(os.path.join(root, "bad")), os.listdir(root)
+    with open(os.path.join(root, "latest")) as f:
+        assert f.read().strip() == "good"
+    # The failed save changed nothing: the next one holds the state the run goes on from.
+    engine.save_checkpoint(root, tag="again")
+    want = W.snapshot(engine)
+    fresh = W.build("gpt", _cfg(2, _nvme(nvme_path)))
+    fresh.load_checkpoint(root, tag="again")
+    _assert_close(W.snapshot(fresh), want, "reloaded", tol=0.0)
+    return zeroshard is not None
+
+
+def test_a_save_that_meets_an_io_error_leaves_no_checkpoint_and_the_next_one_is_whole(tmp_path):
+    root, nvme = tmp_path / "ck", tmp_path / "nvme"
+    root.mkdir()
+    nvme.mkdir()
+    run_distributed(save_fault_worker, 1, str(root), str(nvme))
+
+
+def step_fault_worker(root, nvme_path):
+    engine = W.build("gpt", _cfg(2, {**_nvme(nvme_path), "sub_group_size": 1000}))
+    W.train(engine, "gpt", 0, 1)
+    engine._core.inject_nvme_fault("eio:write:2")  # part of the next step's state reaches disk
+    with pytest.raises(RuntimeError, match=r"Input/output error"):
+        W.train(engine, "gpt", 1, 3)
+    # Some sub-groups took that step and some did not: nothing may build on it.
+    for attempt in (lambda: W.train(engine, "gpt", 3, 4), lambda: engine.save_checkpoint(root)):
+        with pytest.raises(RuntimeError, match=r"restart from the last checkpoint") as info:
+            attempt()
+        assert "rank 0" in str(info.value) and "Input/output error" in str(info.value), info.value
+    assert not os.listdir(root)
+
+
+def test_after_a_failed_step_the_run_refuses_to_step_or_save(tmp_path):
+    root, nvme = tmp_path / "ck", tmp_path / "nvme"
+    root.mkdir()
+    nvme.mkdir()
+    run_distributed(step_fault_worker, 1, str(root), str(nvme))

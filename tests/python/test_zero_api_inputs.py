@@ -41,7 +41,7 @@ def zero_init_inputs_worker():
     offload = _config(3)
     offload["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": "/tmp"}
     with pytest.raises(ValueError, match=r'zero_optimization\.offload_param\.device: got "nvme", which '
-                                         r'this build does not run yet'):
+                                         r'zeroshard does not run yet'):
         Init(config_dict_or_path=offload)
     # The config's precision is the model dtype (DeepSpeed's zero.Init), an explicit dtype wins.
     with Init(config_dict_or_path=_config(3, "bf16")):

@@ -92,7 +92,8 @@ def rank_items(run: RunView, exclude_frozen: bool):
             items.append((name, list(shape), begin, flat))
 
     entries = run.core.shard_entries(False)
-    run.core.end_entries(False)  # NVMe state leaves host memory; these views keep what they show
+    # NVMe state leaves host memory (the account no longer counts it); these views keep what they show.
+    run.core.end_entries(False)
     for kind, index, begin, values, replicated in entries:
         if exclude_frozen and not run.trainable[index]:
             continue

@@ -187,6 +187,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         client = decode_client_state(source.section("client_state") or {}, source.read_whole)
     except Exception as e:  # noqa: BLE001
         error = e
+        run.core.end_entries(False)  # NVMe optimizer state stays as it is on disk
     raise_if_failed(run, error, f"load_checkpoint: reading {path}", consequence=_PARTIAL)
     run.core.after_load()  # a collective at stage 3: only once every rank has read
     if (layout["world_size"], layout["zero_stage"], layout["dtype"]) != (run.world, run.stage, run.dtype_name):
