@@ -12,11 +12,14 @@ from harness import run_distributed
 from test_offload_parity import BUCKET, parity_engine
 
 
-def _zero_block(stage, path, sub_group=1000, buffer_count=4, pipeline=True):
-    """Sub-groups of about 1000 elements, so each rank's state is many regions of its files."""
+def _zero_block(stage, path, sub_group=1000, buffer_count=4, pipeline=True, param=False):
+    """Sub-groups of about 1000 elements, so each rank's state is many regions of its files;
+    `param`: the parameter chunks in host memory too (offload_param "cpu")."""
     block = {"stage": stage, "reduce_bucket_size": BUCKET, "sub_group_size": sub_group,
              "offload_optimizer": {"device": "nvme", "nvme_path": path, "buffer_count": buffer_count,
                                    "pipeline_read": pipeline, "pipeline_write": pipeline}}
+    if param:
+        block["offload_param"] = {"device": "cpu"}
     if stage == 3:
         block["stage3_param_persistence_threshold"] = 0
     return block
@@ -69,6 +72,7 @@ CASES = [
     ("s2-fp32-gas1-w2-2buffers",  2, "fp32", 1, 2, {"buffer_count": 2}),
     ("s2-bf16-gas1-w2-serial",    2, "bf16", 1, 2, {"pipeline": False}),
     ("s3-fp32-gas2-w2",           3, "fp32", 2, 2, {}),
+    ("s3-bf16-gas1-w2-param-cpu", 3, "bf16", 1, 2, {"param": True}),
 ]
 
 
