@@ -57,13 +57,7 @@ at::Tensor FullValues::get(int64_t index, const std::string& what) {
       } else {
         // A frozen parameter's values are its model copy (stage 3 chunks).
         const int64_t b = piece->buffer_begin, n = piece->numel;
-        if (!at.shard) {
-          dst.copy_(g->owned_params().narrow(0, b, n));
-        } else {
-          at.shard->make_resident();  // NVMe state is read through host memory
-          dst.copy_(state >= 0 ? at.shard->state(size_t(state), b, n) : at.shard->master(b, n));
-          at.shard->end_resident(false);
-        }
+        dst.copy_(!at.shard ? g->owned_params().narrow(0, b, n) : at.shard->read_values(state, b, n));
       }
     }
     // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.
@@ -106,13 +100,11 @@ void FullValues::set(int64_t index, const std::string& what, const at::Tensor& v
     }
     return;
   }
-  at.shard->make_resident();  // NVMe state is written through host memory
-  at.shard->create_state();   // now when no step has created it yet
+  at.shard->create_state();  // now when no step has created it yet, on every rank
   if (const auto piece = g->owned_piece(t)) {
-    at.shard->state(size_t(state), piece->buffer_begin, piece->numel)
-        .copy_(full.narrow(0, piece->tensor_begin, piece->numel));
+    at.shard->write_values(state, piece->buffer_begin, piece->numel,
+                           full.narrow(0, piece->tensor_begin, piece->numel));
   }
-  at.shard->end_resident(true);
 }
 
 }  // namespace zeroshard

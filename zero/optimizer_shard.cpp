@@ -102,6 +102,50 @@ void OptimizerShard::drop_state() {
   has_state_ = false;
 }
 
+void OptimizerShard::through_sub_groups(
+    const ShardPart& p, int64_t begin, int64_t numel, bool write,
+    const std::function<void(const SubGroup&, at::Tensor&, std::vector<at::Tensor>&)>& visit) {
+  for (const SubGroup& sg : sub_groups_) {
+    if (sg.begin + sg.numel <= begin || sg.begin >= begin + numel) continue;
+    if (sg.begin < p.begin || sg.begin >= p.begin + p.numel) continue;
+    at::Tensor master = at::empty({sg.numel}, at::kFloat);
+    std::vector<at::Tensor> state;
+    for (size_t i = 0; has_state_ && i < row_.state_names.size(); ++i) state.push_back(at::empty({sg.numel}, at::kFloat));
+    p.swapped->load(sg.begin, master, state, state_init_);
+    visit(sg, master, state);
+    if (write) p.swapped->store(sg.begin, master, state);
+  }
+}
+
+at::Tensor OptimizerShard::read_values(int64_t slot, int64_t begin, int64_t numel) {
+  const ShardPart& p = part(begin, numel);
+  if (!p.swapped || resident()) {
+    return (slot < 0 ? master(begin, numel) : state(size_t(slot), begin, numel)).clone();
+  }
+  if (slot >= 0 && !has_state_) return at::full({numel}, state_init_, at::kFloat);
+  at::Tensor out = at::empty({numel}, at::kFloat);
+  through_sub_groups(p, begin, numel, false, [&](const SubGroup& sg, at::Tensor& m, std::vector<at::Tensor>& st) {
+    const int64_t lo = std::max(begin, sg.begin), hi = std::min(begin + numel, sg.begin + sg.numel);
+    const at::Tensor& from = slot < 0 ? m : st.at(size_t(slot));
+    out.narrow(0, lo - begin, hi - lo).copy_(from.narrow(0, lo - sg.begin, hi - lo));
+  });
+  return out;
+}
+
+void OptimizerShard::write_values(int64_t slot, int64_t begin, int64_t numel, const at::Tensor& values) {
+  if (slot >= 0) create_state();  // now when no step has created it yet
+  const ShardPart& p = part(begin, numel);
+  if (!p.swapped || resident()) {
+    (slot < 0 ? master(begin, numel) : state(size_t(slot), begin, numel)).copy_(values);
+    return;
+  }
+  through_sub_groups(p, begin, numel, true, [&](const SubGroup& sg, at::Tensor& m, std::vector<at::Tensor>& st) {
+    const int64_t lo = std::max(begin, sg.begin), hi = std::min(begin + numel, sg.begin + sg.numel);
+    at::Tensor& to = slot < 0 ? m : st.at(size_t(slot));
+    to.narrow(0, lo - sg.begin, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+  });
+}
+
 bool OptimizerShard::swapped_anywhere() const {
   return std::any_of(parts_.begin(), parts_.end(), [](const ShardPart& p) { return p.swapped != nullptr; });
 }
@@ -188,10 +232,8 @@ void write_tensor_values(FlatGroup& storage, OptimizerShard* shard, int64_t i, c
   if (!shard) return;
   if (const auto piece = storage.owned_piece(i)) {
     if (shard->shares_model_copy(piece->buffer_begin, piece->numel)) return;
-    shard->make_resident();  // an NVMe part's master is written through a host copy
-    shard->master(piece->buffer_begin, piece->numel)
-        .copy_(full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
-    shard->end_resident(true);
+    shard->write_values(-1, piece->buffer_begin, piece->numel,
+                        full.reshape(-1).narrow(0, piece->tensor_begin, piece->numel));
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -56,9 +57,14 @@ class OptimizerShard {
   at::Tensor state(size_t slot, int64_t begin, int64_t numel);
   // The whole owned range's master values, copied into one fp32 CPU tensor (for tests).
   at::Tensor master_values();
+  // The values of state slot `slot` (-1: the master) over [begin, begin + numel), as a new
+  // tensor; or `values` written there. Where the part is in memory (or resident) through its
+  // views; an NVMe part's through the sub-groups the range meets, and only those (one tensor's
+  // safe_get/set reads and writes its own sub-group, not the rank's whole state).
+  at::Tensor read_values(int64_t slot, int64_t begin, int64_t numel);
+  void write_values(int64_t slot, int64_t begin, int64_t numel, const at::Tensor& values);
   // NVMe parts: their master and state read into host tensors (accounted as host memory), for
-  // the reads and writes outside the step (checkpoints, safe_get/set, values written through
-  // GatheredParameters). Counted: each make_resident() has one end_resident(); the last end
+  // checkpoints, which read and write all of it. Counted: each make_resident() has one end_resident(); the last end
   // writes them back if any of them `written`, and frees them. No-ops without an NVMe part. A
   // make_resident whose read fails raises with the shard as it was (not resident).
   void make_resident();
@@ -83,6 +89,10 @@ class OptimizerShard {
   ShardPart& part_mut(int64_t begin, int64_t numel);
   MemoryCategory category(const ShardPart& p, MemoryCategory device_category) const;
   void add_state(ShardPart& p);
+  // For each sub-group of an NVMe part that [begin, begin + numel) meets: its master and state
+  // read into host tensors, `visit(sub-group, master, state)`, then written back if `write`.
+  void through_sub_groups(const ShardPart& p, int64_t begin, int64_t numel, bool write,
+                          const std::function<void(const SubGroup&, at::Tensor&, std::vector<at::Tensor>&)>& visit);
   void free_resident(ShardPart& p);
 
   std::vector<ShardPart> parts_;

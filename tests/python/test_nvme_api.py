@@ -6,6 +6,7 @@ and a loaded checkpoint restored exactly and continued as the run that saved it 
 import os
 
 import pytest
+import torch
 
 import checkpoint_workers as W
 from harness import run_distributed
@@ -135,3 +136,25 @@ def test_after_a_failed_step_the_run_refuses_to_step_or_save(tmp_path):
     root.mkdir()
     nvme.mkdir()
     run_distributed(step_fault_worker, 1, str(root), str(nvme))
+
+
+def one_tensor_worker(nvme_path):
+    """Each safe_get/set of one tensor reads (and writes) its own sub-group only: with the second
+    read from now armed to fail, the first call goes through and the second fails."""
+    from zeroshard.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_set_full_fp32_param
+    engine = W.build("gpt", _cfg(1, _nvme(nvme_path)))
+    W.train(engine, "gpt", 0, 1)
+    params = [p for p in engine.module.parameters() if p.numel() > 1000]  # each alone in a sub-group
+    before = safe_get_full_optimizer_state(params[0], "exp_avg")
+    engine._core.inject_nvme_fault("eio:read:2")
+    value = safe_get_full_fp32_param(params[0])
+    with pytest.raises(RuntimeError, match="Input/output error"):
+        safe_get_full_fp32_param(params[1])
+    engine._core.inject_nvme_fault("eio:write:2")
+    safe_set_full_fp32_param(params[0], value + 1)  # reads and writes params[0]'s sub-group
+    assert torch.equal(safe_get_full_fp32_param(params[0]), value + 1)
+    assert torch.equal(safe_get_full_optimizer_state(params[0], "exp_avg"), before)  # state kept
+
+
+def test_safe_get_and_set_of_one_tensor_touch_only_its_sub_group(tmp_path):
+    run_distributed(one_tensor_worker, 1, str(tmp_path))
