@@ -5,10 +5,30 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "runtime/error.h"
 
 namespace zeroshard {
+
+namespace {
+// A zero-filled host tensor whose memory is only reserved: a page is committed when first
+// written, and drop_param_pages gives it back.
+at::Tensor reserve_host(int64_t numel, at::ScalarType dtype) {
+  const size_t bytes = std::max<size_t>(1, size_t(numel) * c10::elementSize(dtype));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw Error(detail::cat("offload_param nvme: cannot reserve ", bytes, " bytes of address space for "
+                            "the parameter chunks: ", std::strerror(errno)));
+  }
+  return at::from_blob(p, {numel}, [bytes](void* q) { munmap(q, bytes); },
+                       at::TensorOptions().dtype(dtype).device(at::kCPU));
+}
+}  // namespace
 
 FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spec,
                      MemoryAccount& memory)
@@ -17,10 +37,12 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
       partitioned_(spec.partition_params),
       trainable_(spec.trainable),
       params_on_host_(spec.params_on_host),
+      params_on_nvme_(spec.params_on_nvme),
       memory_(memory) {
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no parameters");
   ZS_CHECK(trainable_ || partitioned_, "FlatGroup: only stage 3 keeps frozen parameters in a group");
   ZS_CHECK(partitioned_ || !params_on_host_, "FlatGroup: only stage 3 keeps parameters in host memory");
+  ZS_CHECK(params_on_host_ || !params_on_nvme_, "FlatGroup: parameters on NVMe are staged in host memory");
   const auto& chunked = spec.prechunked_shapes;
   ZS_CHECK(chunked.empty() || chunked.size() == params.size(), "FlatGroup: ", chunked.size(),
            " chunk shapes for ", params.size(), " parameters");
@@ -42,7 +64,8 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   // Zero-filled so padding never carries garbage into norms or collectives.
   if (partitioned_) {
     owned_ = {0, chunks_.shard_numel};
-    params_ = at::zeros({owned_.numel()}, params_on_host_ ? opts.device(at::kCPU).pinned_memory(spec.pin_host) : opts);
+    params_ = params_on_nvme_ ? reserve_host(owned_.numel(), spec.model_dtype)
+              : at::zeros({owned_.numel()}, params_on_host_ ? opts.device(at::kCPU).pinned_memory(spec.pin_host) : opts);
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t held = chunks_.held_numel(int64_t(i), rank);
       if (held == 0) continue;
@@ -66,10 +89,22 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   } else {
     grads_ = at::zeros({full_grads_ ? layout_.padded_numel : owned_.numel()}, opts);
   }
-  accounted_[0] = params_.nbytes();
+  accounted_[0] = params_on_nvme_ ? 0 : params_.nbytes();
   accounted_[1] = grads_.defined() ? grads_.nbytes() : 0;
   memory_.add(params_category(), accounted_[0]);
   memory_.add(MemoryCategory::gradients, accounted_[1]);
+}
+
+void FlatGroup::drop_param_pages(int64_t begin, int64_t numel) {
+  ZS_CHECK(params_on_nvme_, "FlatGroup::drop_param_pages: the chunks are not on NVMe");
+  ZS_CHECK(begin >= 0 && numel >= 0 && begin + numel <= params_.numel(), "FlatGroup::drop_param_pages: [",
+           begin, ", ", begin + numel, ") is outside the store of ", params_.numel());
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(params_.data_ptr());
+  const uintptr_t lo = (base + uintptr_t(begin) * params_.element_size() + page - 1) / page * page;
+  const uintptr_t hi = (base + uintptr_t(begin + numel) * params_.element_size()) / page * page;
+  // Pages shared with a neighbouring chunk stay: it may be resident.
+  if (hi > lo) ZS_CHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0, "madvise failed");
 }
 
 MemoryCategory FlatGroup::params_category() const {

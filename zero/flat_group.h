@@ -37,6 +37,10 @@ struct GroupSpec {
   // copied to the device by each gather.
   bool params_on_host = false;
   bool pin_host = false;
+  // offload_param.device "nvme" (with params_on_host): the chunks' host memory is reserved, not
+  // committed; ParamSwap (param_swap.h) brings chunks in from disk, gives their pages back with
+  // drop_param_pages() and accounts what is resident, so this group accounts no parameters.
+  bool params_on_nvme = false;
   // zero.Init: empty, or one entry per tensor: the full shape of a tensor passed in as this
   // rank's chunk, nullopt for one passed whole (created outside zero.Init).
   std::vector<ChunkedShape> prechunked_shapes;
@@ -72,6 +76,10 @@ class FlatGroup {
   // gradients live, whatever params_on_host says about the chunks).
   at::TensorOptions device_options() const { return device_options_; }
   bool params_on_host() const { return params_on_host_; }
+  bool params_on_nvme() const { return params_on_nvme_; }
+  // params_on_nvme: the pages of the chunk store that lie wholly in [begin, begin + numel) go
+  // back to the system (they read as zeros until written again).
+  void drop_param_pages(int64_t begin, int64_t numel);
 
   // Stage 3 keeps the owned gradients in segments that tile the shard (the gradient buckets'
   // ranges), each allocated when backward first writes it and freed by zero_grads(): the shard
@@ -123,6 +131,7 @@ class FlatGroup {
   bool partitioned_;
   bool trainable_;
   bool params_on_host_;
+  bool params_on_nvme_;
   at::Tensor params_;
   at::Tensor grads_;                      // stages 0-2
   at::TensorOptions device_options_;

@@ -57,7 +57,13 @@ at::Tensor FullValues::get(int64_t index, const std::string& what) {
       } else {
         // A frozen parameter's values are its model copy (stage 3 chunks).
         const int64_t b = piece->buffer_begin, n = piece->numel;
-        dst.copy_(!at.shard ? g->owned_params().narrow(0, b, n) : at.shard->read_values(state, b, n));
+        if (at.shard) {
+          dst.copy_(at.shard->read_values(state, b, n));
+        } else if (gatherer_) {  // stage 3: the chunk may be on NVMe
+          gatherer_->with_chunk(index, [&] { dst.copy_(g->owned_params().narrow(0, b, n)); });
+        } else {
+          dst.copy_(g->owned_params().narrow(0, b, n));
+        }
       }
     }
     // Each element is owned by one rank and zero elsewhere, so the sum is the whole tensor.

@@ -75,12 +75,14 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   const ZeroConfig& zc = config.zero_optimization;
   const bool nvme = zc.offload_optimizer.device == "nvme";
   const bool offload = zc.offload_optimizer.device == "cpu" || nvme;
-  const bool offload_param = zc.offload_param.device == "cpu";
+  const bool nvme_param = zc.offload_param.device == "nvme";
+  const bool offload_param = zc.offload_param.device == "cpu" || nvme_param;
   ZS_REQUIRE(!groups.front().empty(), "ZeroOptimizer: the first parameter group has no parameters");
   const c10::Device device = groups.front().front().device();
   // One host pool for the run, so either offload block's pin_memory pins all of it.
   const bool pin = (zc.offload_optimizer.pin_memory || zc.offload_param.pin_memory) && device.is_cuda();
   spec.params_on_host = offload_param;
+  spec.params_on_nvme = nvme_param;
   spec.pin_host = pin;
   if ((offload || offload_param) && optimizer_row(optimizer_.type).tensor_norms) {
     throw ConfigError(detail::cat(
@@ -94,6 +96,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   pool_ = std::make_unique<HostPool>(pin, device, memory_);
   copies_ = std::make_unique<CopyStream>(device);
   if (nvme) swap_ = std::make_unique<SwapSpace>(config, comm_->rank(), *pool_);
+  if (nvme_param) param_swap_ = std::make_unique<ParamSwap>(config, comm_->rank(), *pool_, memory_);
   std::vector<FlatGroup*> raw;
   for (size_t g = 0; g < groups.size(); ++g) {
     GroupSpec group_spec = spec;
@@ -122,7 +125,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   if (swap_) write_out_swapped();
   std::vector<OptimizerShard*> shards;
   for (const auto& s : shards_) shards.push_back(s.get());
-  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_, swap_.get());
+  runner_ = std::make_unique<SubGroupRunner>(raw, shards, *pool_, *copies_, swap_.get(), param_swap_.get());
   ReduceOptions ro;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
@@ -157,7 +160,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
     std::vector<OptimizerShard*> gathered_shards = shards;
     if (frozen_) gathered_shards.push_back(nullptr);
     coordinator_ = std::make_unique<ParamCoordinator>(gathered, comm_, config.zero_optimization,
-                                                      memory_, gathered_shards);
+                                                      memory_, gathered_shards, param_swap_.get());
+    if (param_swap_) start_param_swap(gathered);
   }
   step_ = std::make_unique<ShardedStep>(raw, shards, *strategy_, *comm_, config_, optimizer_, state_, *runner_);
   full_values_ = std::make_unique<FullValues>(raw, shards, frozen_.get(), *strategy_, comm_, state_,
@@ -177,6 +181,18 @@ void ZeroOptimizer::write_out_swapped() {
     }
     shard->end_resident(true);  // the seeded masters go to disk; host memory keeps none of them
   }
+}
+
+void ZeroOptimizer::start_param_swap(const std::vector<FlatGroup*>& gathered) {
+  std::vector<std::vector<bool>> persistent;
+  int64_t index = 0;
+  for (const FlatGroup* g : gathered) {
+    persistent.emplace_back();
+    for (int64_t t = 0; t < g->num_tensors(); ++t) {
+      persistent.back().push_back(coordinator_->gatherer().param(index++).persistent);
+    }
+  }
+  param_swap_->start(gathered, persistent);
 }
 
 void ZeroOptimizer::broadcast_from_rank0(const std::vector<at::Tensor>& all,
@@ -267,6 +283,14 @@ std::vector<ShardEntry> ZeroOptimizer::shard_entries(bool with_state) {
       throw;
     }
   }
+  if (param_swap_ && !param_swap_->all_held()) {
+    try {
+      param_swap_->hold_all();  // parameter chunks too, until end_entries
+    } catch (...) {
+      for (auto& shard : shards_) shard->end_resident(false);
+      throw;
+    }
+  }
   return zeroshard::shard_entries(groups, shards, frozen_.get(), *strategy_, with_state);
 }
 
@@ -275,13 +299,23 @@ void ZeroOptimizer::drop_optimizer_state() {
 }
 
 void ZeroOptimizer::inject_swap_fault(const std::string& spec) {
-  ZS_REQUIRE(swap_, "inject_nvme_fault: this run has no NVMe offload (offload_optimizer.device \"nvme\")");
-  swap_->engine().inject_fault(parse_aio_fault(spec, "inject_nvme_fault"));
+  ZS_REQUIRE(swap_ || param_swap_, "inject_nvme_fault: this run has no NVMe offload (offload_optimizer or "
+             "offload_param device \"nvme\")");
+  AioEngine& engine = swap_ ? swap_->engine() : param_swap_->engine();
+  engine.inject_fault(parse_aio_fault(spec, "inject_nvme_fault"));
+}
+
+std::string ZeroOptimizer::swap_backend() const {
+  return swap_ ? swap_->backend() : param_swap_ ? param_swap_->backend() : std::string();
 }
 
 void ZeroOptimizer::end_entries(bool written) {
   for (auto& shard : shards_) {
     if (shard->resident()) shard->end_resident(written);
+  }
+  if (param_swap_ && param_swap_->all_held()) {
+    param_swap_->unhold_all(written);
+    param_swap_->trim();
   }
 }
 

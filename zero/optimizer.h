@@ -112,8 +112,10 @@ class ZeroOptimizer {
   // Test hook (fault tests): the NVMe engine's `spec` ("eio:read:1": parse_aio_fault) block
   // request from now fails. An error without NVMe offload.
   void inject_swap_fault(const std::string& spec);
-  // offload_optimizer.device "nvme": the I/O engine in use and why; empty otherwise.
-  std::string swap_backend() const { return swap_ ? swap_->backend() : std::string(); }
+  // NVMe offload (optimizer's, else parameters'): the I/O engine in use and why; empty otherwise.
+  std::string swap_backend() const;
+  // offload_param.device "nvme": the parameter chunks' swap; null otherwise.
+  const ParamSwap* param_swap() const { return param_swap_.get(); }
   // A checkpoint saved before its first step was loaded: every shard's optimizer state is freed
   // and created again by the next step.
   void drop_optimizer_state();
@@ -126,6 +128,9 @@ class ZeroOptimizer {
   // NVMe: checks the disk space of every shard's file, allocates them and writes the seeded
   // masters out.
   void write_out_swapped();
+  // offload_param.device "nvme": which chunks stay in host memory (persistent parameters), then
+  // every other chunk to disk.
+  void start_param_swap(const std::vector<FlatGroup*>& gathered);
   // An Error naming `what` once a step has failed part-way (failed_).
   void require_not_failed(const std::string& what) const;
 
@@ -143,6 +148,8 @@ class ZeroOptimizer {
   std::unique_ptr<SubGroupRunner> runner_;
   std::unique_ptr<FlatGroup> frozen_;  // stage 3 with frozen parameters
   std::unique_ptr<Reducer> reducer_;
+  // offload_param.device "nvme": after the groups it swaps, before the coordinator that uses it.
+  std::unique_ptr<ParamSwap> param_swap_;
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
   TrainingState state_;
   std::unique_ptr<ShardedStep> step_;

@@ -8,11 +8,16 @@
 
 namespace zeroshard {
 
+namespace {
+// How far ahead in the fetch order prefetch() looks for chunks to read from disk.
+constexpr size_t kReadAheadParams = 64;
+}  // namespace
+
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
                                    const ZeroConfig& config, MemoryAccount& memory,
-                                   std::vector<OptimizerShard*> shards)
+                                   std::vector<OptimizerShard*> shards, ParamSwap* swap)
     : gatherer_(std::move(groups), comm, config, memory, std::move(shards),
-                [this](int64_t param) { return reused_soon(param); }),
+                [this](int64_t param) { return reused_soon(param); }, swap),
       rank_(comm->rank()),
       prefetch_numel_(config.stage3_prefetch_bucket_size),
       reuse_distance_numel_(config.stage3_max_reuse_distance),
@@ -86,8 +91,18 @@ bool ParamCoordinator::reused_soon(int64_t param) const {
 }
 
 void ParamCoordinator::prefetch() {
-  if (trace().mode() != FetchTrace::Mode::follow || prefetch_numel_ <= 0) return;
+  if (trace().mode() != FetchTrace::Mode::follow) return;
   const auto& order = trace().modules();
+  // Disk reads first (gathers of these wait for them): the order's next parameters that are not
+  // whole, as far as a bound that keeps this walk short; the swap starts what its buffers take.
+  std::vector<int64_t> ahead;
+  for (size_t k = trace().position(); k < order.size() && ahead.size() < kReadAheadParams; ++k) {
+    for (int64_t i : modules_[size_t(order[k])].params) {
+      if (!gatherer_.whole(i)) ahead.push_back(i);
+    }
+  }
+  gatherer_.read_ahead(ahead);
+  if (prefetch_numel_ <= 0) return;
   // The bucket bounds everything prefetched and not yet fetched by its module, not each call's
   // additions: otherwise every fetch starts a bucket more and forward ends with backward's
   // parameters all gathered again.

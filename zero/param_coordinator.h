@@ -24,7 +24,9 @@
 // parameter used again within stage3_max_reuse_distance elements stays gathered), and the cap
 // (prefetched and kept parameters never push the gathered total over stage3_max_live_parameters;
 // only a module that needs more than that alone exceeds it). The gatherer applies the cap and
-// asks this whether a parameter is reused soon; this chooses what to prefetch.
+// asks this whether a parameter is reused soon; this chooses what to prefetch. With parameters
+// on NVMe, the chunks of the parameters the order needs after those are read ahead from disk
+// (as many as offload_param.buffer_count staging buffers take).
 #pragma once
 #include <memory>
 #include <vector>
@@ -40,10 +42,11 @@ namespace zeroshard {
 
 class ParamCoordinator {
  public:
-  // The gatherer's groups, communicator, memory account and shards (see ParamGatherer).
+  // The gatherer's groups, communicator, memory account, shards and parameter swap (see
+  // ParamGatherer).
   ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
                    const ZeroConfig& config, MemoryAccount& memory,
-                   std::vector<OptimizerShard*> shards = {});
+                   std::vector<OptimizerShard*> shards = {}, ParamSwap* swap = nullptr);
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
 

@@ -16,11 +16,12 @@ constexpr int64_t kDirectGatherNumel = int64_t(1) << 20;
 
 ParamGatherer::ParamGatherer(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
                              const ZeroConfig& config, MemoryAccount& memory,
-                             std::vector<OptimizerShard*> shards, ReusedSoon reused_soon)
+                             std::vector<OptimizerShard*> shards, ReusedSoon reused_soon, ParamSwap* swap)
     : groups_(std::move(groups)), comm_(std::move(comm)), shards_(std::move(shards)),
       reused_soon_(std::move(reused_soon)),
       max_live_numel_(config.stage3_max_live_parameters),
-      memory_(memory) {
+      memory_(memory),
+      swap_(swap) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (int64_t i = 0; i < groups_[g]->num_tensors(); ++i) {
       Param p;
@@ -46,6 +47,7 @@ ParamGatherer::~ParamGatherer() {
     finish(g.work);
     for (auto& w : g.direct_works) finish(w);
     memory_.release(MemoryCategory::comm_buffers, g.staged_bytes);
+    if (swap_) swap_->unhold(g.group, g.held, false);
   }
   for (auto& p : params_) {
     if (p.gathered || p.in_flight >= 0) memory_.release(category(p), gathered_bytes(p));
@@ -180,7 +182,33 @@ void ParamGatherer::write_back(int64_t param_index, int modifier_rank) {
 void ParamGatherer::write(int64_t param_index, const at::Tensor& full) {
   const Param& p = params_.at(size_t(param_index));
   OptimizerShard* shard = shards_.empty() ? nullptr : shards_.at(size_t(p.group));
-  write_tensor_values(*groups_[size_t(p.group)], shard, p.index, full);
+  in_host(p, /*written=*/true, [&] { write_tensor_values(*groups_[size_t(p.group)], shard, p.index, full); });
+}
+
+void ParamGatherer::with_chunk(int64_t param_index, const std::function<void()>& fn) {
+  in_host(params_.at(size_t(param_index)), /*written=*/false, fn);
+}
+
+void ParamGatherer::in_host(const Param& p, bool written, const std::function<void()>& fn) {
+  if (!swap_) return fn();
+  swap_->hold(p.group, {p.index});
+  struct Unhold {
+    ParamSwap* swap;
+    const Param& p;
+    bool written;
+    ~Unhold() { swap->unhold(p.group, {p.index}, written); }
+  } unhold{swap_, p, written};
+  fn();
+}
+
+void ParamGatherer::read_ahead(const std::vector<int64_t>& indices) {
+  if (!swap_) return;
+  std::map<int64_t, std::vector<int64_t>> by_group;
+  for (int64_t i : indices) {
+    const Param& p = params_.at(size_t(i));
+    if (!p.persistent) by_group[p.group].push_back(p.index);
+  }
+  for (const auto& [g, tensors] : by_group) swap_->prefetch(g, tensors);
 }
 
 void ParamGatherer::overwrite(int64_t param_index, const at::Tensor& full) {
@@ -248,6 +276,12 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   Gather x;
   x.group = g;
   x.members = members;
+  if (swap_) {
+    for (int64_t i : members) {
+      if (!params_[size_t(i)].persistent) x.held.push_back(params_[size_t(i)].index);
+    }
+    swap_->hold(g, x.held);  // the chunks in host memory until complete_gather
+  }
   std::vector<at::Tensor> mine;
   for (int64_t i : members) {
     Param& p = params_[size_t(i)];
@@ -313,11 +347,13 @@ void ParamGatherer::complete_gather(int64_t id) {
     const Gather& x;
     MemoryAccount& memory;
     const CopyStream* up;
+    ParamSwap* swap;
     ~ReleaseStaged() {
       for (const at::Tensor& t : x.staged) up->keep_for_compute(t);
       memory.release(MemoryCategory::comm_buffers, x.staged_bytes);
+      if (swap) swap->unhold(x.group, x.held, false);
     }
-  } release_staged{x, memory_, up_.get()};
+  } release_staged{x, memory_, up_.get(), swap_};
   const FlatGroup& group = *groups_[size_t(x.group)];
   const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();

@@ -24,6 +24,7 @@
 #include "runtime/memory.h"
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
+#include "zero/param_swap.h"
 
 namespace zeroshard {
 
@@ -49,9 +50,11 @@ class ParamGatherer {
   using ReusedSoon = std::function<bool(int64_t param_index)>;
   // `groups`' tensors, group by group, are the parameters' global indices. `shards`: each group's
   // optimizer shard (null for a frozen group; empty for none), whose master takes written values.
+  // `swap` (offload_param.device "nvme"; outlives this, else null) brings the chunks of groups on
+  // NVMe into host memory for each gather and write.
   ParamGatherer(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm, const ZeroConfig& config,
                 MemoryAccount& memory, std::vector<OptimizerShard*> shards = {},
-                ReusedSoon reused_soon = nullptr);
+                ReusedSoon reused_soon = nullptr, ParamSwap* swap = nullptr);
   ~ParamGatherer();
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -90,6 +93,12 @@ class ParamGatherer {
   // (frozen ones too with include_frozen: after a checkpoint load rewrote every chunk).
   void refresh_persistent(bool include_frozen = false);
 
+  // Parameters on NVMe: starts reading these parameters' chunks ahead of their gathers (the
+  // coordinator's fetch order); a no-op for the rest.
+  void read_ahead(const std::vector<int64_t>& param_indices);
+  // Runs `fn` while the parameter's chunk is in host memory (a read of it outside a gather).
+  void with_chunk(int64_t param_index, const std::function<void()>& fn);
+
   const GatherCounters& counters() const { return counters_; }
   void reset_peak() { counters_.peak_live_numel = counters_.live_numel; }
 
@@ -120,12 +129,15 @@ class ParamGatherer {
     std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
     std::vector<CommWork> direct_works;
     std::vector<at::Tensor> staged;  // chunks copied up from host memory (offload_param)
+    std::vector<int64_t> held;       // tensors whose chunks the swap holds for this gather
     int64_t staged_bytes = 0;
   };
   // All-gathers `in` (this rank's chunks) into `out`. Chunks in host memory (offload_param) are
   // first copied up, and copy and collective run on the copy stream.
   CommWork all_gather(const FlatGroup& group, Gather& x, at::Tensor out, const at::Tensor& in,
                       const std::string& what);
+  // Runs `fn` while p's chunk is in host memory (parameters on NVMe); `written`: fn changes it.
+  void in_host(const Param& p, bool written, const std::function<void()>& fn);
   // A parameter's full value into its group's storage and shard (write_tensor_values).
   void write(int64_t param_index, const at::Tensor& full);
   void gather(const std::vector<int64_t>& params);
@@ -152,6 +164,7 @@ class ParamGatherer {
   int64_t next_gather_id_ = 0;
   GatherCounters counters_;
   std::unique_ptr<CopyStream> up_;  // offload_param: where chunks come up from host memory
+  ParamSwap* swap_;                 // offload_param.device "nvme"
 };
 
 }  // namespace zeroshard

@@ -10,19 +10,13 @@ namespace zeroshard {
 void require_buildable(const ZeroConfig& config) {
   const OffloadOptimizerConfig& opt = config.offload_optimizer;
   const OffloadParamConfig& param = config.offload_param;
-  // Parameters on NVMe (ZeRO-Infinity's offload_param) are not built yet: refused here, once.
-  if (param.device == "nvme") {
-    throw ConfigError("zero_optimization.offload_param.device: got \"nvme\", which zeroshard does not "
-                      "run yet (only the optimizer state can live on NVMe: offload_optimizer.device "
-                      "\"nvme\"); expected \"none\" or \"cpu\"");
-  }
   if (opt.device != "none" && config.stage == 0) {
     throw ConfigError(detail::cat("zero_optimization.offload_optimizer.device: got \"", opt.device,
                                   "\" at stage 0; optimizer offload moves a rank's shard of the "
                                   "optimizer, so it needs stage 1, 2 or 3"));
   }
-  if (param.device == "cpu" && config.stage != 3) {
-    throw ConfigError(detail::cat("zero_optimization.offload_param.device: got \"cpu\" at stage ",
+  if (param.device != "none" && config.stage != 3) {
+    throw ConfigError(detail::cat("zero_optimization.offload_param.device: got \"", param.device, "\" at stage ",
                                   config.stage, "; parameter offload needs stage 3 (only stage 3 "
                                   "partitions parameters, so only it can keep them off the device)"));
   }

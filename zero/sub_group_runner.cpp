@@ -23,12 +23,13 @@ constexpr size_t kUploadsInFlight = 2;
 }  // namespace
 
 SubGroupRunner::SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards,
-                               HostPool& pool, CopyStream& copies, SwapSpace* swap)
+                               HostPool& pool, CopyStream& copies, SwapSpace* swap, ParamSwap* params)
     : groups_(std::move(groups)),
       shards_(std::move(shards)),
       pool_(pool),
       copies_(copies),
-      swaps_(swap ? std::make_unique<SwapPipeline>(*swap) : nullptr) {}
+      swaps_(swap ? std::make_unique<SwapPipeline>(*swap) : nullptr),
+      params_(params) {}
 
 SubGroupRunner::~SubGroupRunner() { forget_early_gradients(); }
 
@@ -118,8 +119,13 @@ void SubGroupRunner::update_in_place(const Pieces& pieces, const Job& job, const
     update(job.g, p);
     if (target.defined() && group.params_on_host()) {
       const auto t = Clock::now();
-      // why: the next gather reads these chunks, and p.param16 is freed when this returns.
-      CopyStream::wait_host(copies_.copy(target, p.param16.defined() ? p.param16 : p.master));
+      const at::Tensor& source = p.param16.defined() ? p.param16 : p.master;
+      if (params_ && params_->swapped(int64_t(job.g))) {
+        params_->store(int64_t(job.g), lo, source.to(at::kCPU));
+      } else {
+        // why: the next gather reads these chunks, and p.param16 is freed when this returns.
+        CopyStream::wait_host(copies_.copy(target, source));
+      }
       times_.transfer_ms += ms_since(t);
     }
   }
@@ -147,19 +153,26 @@ void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update&
   const at::Tensor target = group.owned_params().narrow(0, b, n);
   const bool fp32_model = target.scalar_type() == at::kFloat;
   // The parameters live on the device, or in host memory beside this state (ZeRO-3 chunks
-  // under offload_param): then the kernel writes them where they are.
+  // under offload_param): then the kernel writes them where they are, unless they are on NVMe.
   const bool upload = !group.params_on_host();
+  const bool to_disk = params_ && params_->swapped(int64_t(job.g));
   Upload u;
   if (!fp32_model) {
     // Either way the kernel writes the 16-bit values on the host, in the same pass.
-    if (upload) u.buffer = pool_.acquire(n, target.scalar_type());
-    p.param16 = upload ? u.buffer : target;
+    if (upload || to_disk) u.buffer = pool_.acquire(n, target.scalar_type());
+    p.param16 = upload || to_disk ? u.buffer : target;
   }
   const auto t_update = Clock::now();
   update(job.g, p);
   times_.host_step_ms += ms_since(t_update);
   pool_.release(staged.grad_buffer);
-  if (upload || fp32_model) {
+  if (to_disk) {
+    const auto t = Clock::now();
+    // Copied out before this returns: the master may be a staging buffer about to go to disk.
+    params_->store(int64_t(job.g), b, fp32_model ? p.master : p.param16);
+    if (u.buffer.defined()) pool_.release(u.buffer);
+    times_.transfer_ms += ms_since(t);
+  } else if (upload || fp32_model) {
     const auto t = Clock::now();
     // An fp32 model's new values are the master's own, copied (a host master is never shared);
     // an NVMe master's through a pool buffer, as its staging buffer goes to disk next.

@@ -20,6 +20,7 @@
 #include "runtime/optim/table.h"
 #include "zero/flat_group.h"
 #include "zero/optimizer_shard.h"
+#include "zero/param_swap.h"
 #include "zero/swap_pipeline.h"
 
 namespace zeroshard {
@@ -38,9 +39,11 @@ class SubGroupRunner {
   // `groups[g]`'s optimizer state is `shards[g]`; all outlive this. The update writes each
   // group's parameters where they live (FlatGroup::params_on_host: ZeRO-3 chunks under
   // offload_param), through a copy when that is not where the sub-group steps. `swap` (NVMe
-  // sub-groups' space, outlives this) is null without offload_optimizer.device "nvme".
+  // sub-groups' space, outlives this) is null without offload_optimizer.device "nvme";
+  // `params` (outlives this) without offload_param.device "nvme": then the new values of groups
+  // whose chunks it swaps go to it instead (ParamSwap::store).
   SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, HostPool& pool,
-                 CopyStream& copies, SwapSpace* swap = nullptr);
+                 CopyStream& copies, SwapSpace* swap = nullptr, ParamSwap* params = nullptr);
   ~SubGroupRunner();
   SubGroupRunner(const SubGroupRunner&) = delete;
   SubGroupRunner& operator=(const SubGroupRunner&) = delete;
@@ -91,6 +94,7 @@ class SubGroupRunner {
   HostPool& pool_;
   CopyStream& copies_;
   std::unique_ptr<SwapPipeline> swaps_;  // offload_optimizer.device "nvme"
+  ParamSwap* params_;                    // offload_param.device "nvme"
   bool backwards_ = false;               // this step's NVMe sub-groups in reverse order
   std::map<std::pair<size_t, int64_t>, Staged> early_;  // (group, sub-group begin)
   StagedStepTimes times_;

@@ -30,15 +30,28 @@ at::Tensor aligned_for_direct_io(const at::Tensor& base, int64_t bytes) {
   return base.narrow(0, int64_t((kDirectAlignment - address % kDirectAlignment) % kDirectAlignment), bytes);
 }
 
-SwapSpace::SwapSpace(const Config& config, int rank, HostPool& pool)
-    : pool_(pool),
-      buffer_count_(config.zero_optimization.offload_optimizer.buffer_count),
-      pipeline_read_(config.zero_optimization.offload_optimizer.pipeline_read),
-      pipeline_write_(config.zero_optimization.offload_optimizer.pipeline_write) {
+SwapSettings optimizer_swap_settings(const Config& config) {
   const OffloadOptimizerConfig& o = config.zero_optimization.offload_optimizer;
-  dir_ = std::make_unique<SwapDir>(o.nvme_path, "zero_optimization.offload_optimizer.nvme_path", rank);
-  engine_ = std::make_unique<AioEngine>(aio_options(config.aio));
+  return {o.nvme_path, "zero_optimization.offload_optimizer.nvme_path", o.buffer_count, o.pipeline_read,
+          o.pipeline_write};
 }
+
+SwapSettings param_swap_settings(const Config& config) {
+  const OffloadParamConfig& o = config.zero_optimization.offload_param;
+  return {o.nvme_path, "zero_optimization.offload_param.nvme_path", o.buffer_count, false, false};
+}
+
+SwapSpace::SwapSpace(const SwapSettings& settings, const AioConfig& aio, int rank, HostPool& pool)
+    : pool_(pool),
+      buffer_count_(settings.buffer_count),
+      pipeline_read_(settings.pipeline_read),
+      pipeline_write_(settings.pipeline_write) {
+  dir_ = std::make_unique<SwapDir>(settings.nvme_path, settings.key, rank);
+  engine_ = std::make_unique<AioEngine>(aio_options(aio));
+}
+
+SwapSpace::SwapSpace(const Config& config, int rank, HostPool& pool)
+    : SwapSpace(optimizer_swap_settings(config), config.aio, rank, pool) {}
 
 SwapSpace::~SwapSpace() {
   for (auto& [view, base] : lent_) pool_.release(base);
@@ -64,14 +77,15 @@ void SwapSpace::release(const at::Tensor& buffer) {
 }
 
 SwappedPart::SwappedPart(SwapSpace& space, const std::string& name, const std::vector<SubGroup>& sub_groups,
-                         size_t slots)
-    : space_(space), slots_(slots) {
+                         size_t slots, at::ScalarType dtype, std::string unit)
+    : space_(space), slots_(slots), dtype_(dtype), unit_(std::move(unit)) {
   for (const SubGroup& sg : sub_groups) {
+    ZS_CHECK(regions_.empty() || regions_.back().begin < sg.begin, "SwappedPart: regions out of order");
     Region r;
     r.begin = sg.begin;
     r.numel = sg.numel;
     r.offset = file_bytes_;
-    r.slot_bytes = align_up(sg.numel * int64_t(sizeof(float)));
+    r.slot_bytes = align_up(sg.numel * int64_t(c10::elementSize(dtype_)));
     file_bytes_ += kHeaderBytes + r.slot_bytes * int64_t(1 + slots_);
     regions_.push_back(r);
   }
@@ -117,10 +131,10 @@ int64_t SwappedPart::max_region_bytes() const {
 }
 
 const SwappedPart::Region& SwappedPart::region(int64_t begin) const {
-  for (const Region& r : regions_) {
-    if (r.begin == begin) return r;
-  }
-  throw InternalError(detail::cat("SwappedPart: no sub-group starts at ", begin));
+  const auto it = std::lower_bound(regions_.begin(), regions_.end(), begin,
+                                   [](const Region& r, int64_t b) { return r.begin < b; });
+  if (it != regions_.end() && it->begin == begin) return *it;
+  throw InternalError(detail::cat("SwappedPart: no ", unit_, " starts at ", begin));
 }
 
 SwappedPart::Region& SwappedPart::region_mut(int64_t begin) { return const_cast<Region&>(region(begin)); }
@@ -129,7 +143,7 @@ AioEngine::Handle SwappedPart::read(int64_t begin, const at::Tensor& buffer) {
   Region& r = region_mut(begin);
   settle(r);
   if (!r.lost.empty()) {
-    throw IoError(detail::cat("read ", file_->path(), ": the sub-group at offset ", r.offset,
+    throw IoError(detail::cat("read ", file_->path(), ": the ", unit_, " at offset ", r.offset,
                               " holds nothing usable: its last write failed (", r.lost, ")"));
   }
   const int64_t bytes = kHeaderBytes + (r.has_state ? r.slot_bytes * int64_t(1 + slots_) : r.slot_bytes);
@@ -191,7 +205,7 @@ void SwappedPart::store(int64_t begin, const at::Tensor& master, const std::vect
 at::Tensor SwappedPart::view(const at::Tensor& buffer, int64_t begin, int64_t slot) const {
   const Region& r = region(begin);
   const int64_t at_byte = kHeaderBytes + r.slot_bytes * (slot + 1);
-  return buffer.narrow(0, at_byte, r.numel * int64_t(sizeof(float))).view(at::kFloat);
+  return buffer.narrow(0, at_byte, r.numel * int64_t(c10::elementSize(dtype_))).view(dtype_);
 }
 
 void SwappedPart::check(int64_t begin, const at::Tensor& buffer) const {
@@ -205,7 +219,7 @@ void SwappedPart::check(int64_t begin, const at::Tensor& buffer) const {
       got.sequence == want.sequence) {
     return;
   }
-  throw IoError(detail::cat("read ", file_->path(), ": the sub-group at offset ", r.offset, " (",
+  throw IoError(detail::cat("read ", file_->path(), ": the ", unit_, " at offset ", r.offset, " (",
                             kHeaderBytes + r.slot_bytes * int64_t(1 + slots_), " bytes) does not hold what this "
                             "run wrote there (write ", r.sequence, " of elements [", r.begin, ", ",
                             r.begin + r.numel, ")): the file was truncated, overwritten or replaced by "

@@ -1,10 +1,11 @@
-// NVMe residency of optimizer state (offload_optimizer.device "nvme"): a rank's swap space (its
-// directory, its I/O engine and the host buffers the sub-groups are staged in) and, per shard
-// part, the file that holds each sub-group's fp32 master and optimizer state. A sub-group is one
-// region of its part's file: a header block, the master, then each state slot, each padded to the
-// direct-I/O alignment, so one read brings the whole sub-group into one buffer and one write
-// takes it back. The header (a magic, the sub-group, the number of its last write) is checked on
-// every read: a file truncated or rewritten under the run is an error, never zeros taken for state.
+// NVMe residency (offload_optimizer.device and offload_param.device "nvme"): a rank's swap space
+// (its directory, its I/O engine and the host buffers regions are staged in) and the files that
+// hold, per shard part, each sub-group's fp32 master and optimizer state, or, per parameter group
+// at stage 3, each parameter chunk (param_swap.h). A sub-group or chunk is one region of its file:
+// a header block, the values, then each state slot, each padded to the direct-I/O alignment, so
+// one read brings the whole region into one buffer and one write takes it back. The header (a
+// magic, the region, the number of its last write) is checked on every read: a file truncated or
+// rewritten under the run is an error, never zeros taken for state.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -25,10 +26,22 @@ namespace zeroshard {
 // from its first address aligned for direct I/O.
 at::Tensor aligned_for_direct_io(const at::Tensor& base, int64_t bytes);
 
+// What one offload block says about its swap space.
+struct SwapSettings {
+  std::string nvme_path;
+  std::string key;         // the nvme_path key, for errors: "zero_optimization.offload_...nvme_path"
+  int64_t buffer_count = 0;
+  bool pipeline_read = false, pipeline_write = false;
+};
+SwapSettings optimizer_swap_settings(const Config& config);
+SwapSettings param_swap_settings(const Config& config);
+
 class SwapSpace {
  public:
-  // The directory under offload_optimizer.nvme_path (checked: a clear error names the key) and
-  // an engine with the `aio` block's settings; staging buffers come from `pool`.
+  // The directory under settings.nvme_path (checked: a clear error names the key) and an engine
+  // with the `aio` block's settings; staging buffers come from `pool`.
+  SwapSpace(const SwapSettings& settings, const AioConfig& aio, int rank, HostPool& pool);
+  // The optimizer's: offload_optimizer's settings.
   SwapSpace(const Config& config, int rank, HostPool& pool);
   ~SwapSpace();
   SwapSpace(const SwapSpace&) = delete;
@@ -36,7 +49,7 @@ class SwapSpace {
 
   AioEngine& engine() { return *engine_; }
   SwapDir& dir() { return *dir_; }
-  // offload_optimizer.buffer_count, pipeline_read, pipeline_write.
+  // The settings' buffer_count, pipeline_read, pipeline_write.
   int64_t buffer_count() const { return buffer_count_; }
   bool pipeline_read() const { return pipeline_read_; }
   bool pipeline_write() const { return pipeline_write_; }
@@ -61,12 +74,14 @@ class SwapSpace {
   std::vector<std::pair<at::Tensor, at::Tensor>> lent_;  // (aligned view, pool buffer)
 };
 
-// One shard part's sub-groups in one file.
+// One shard part's sub-groups (or one group's parameter chunks) in one file.
 class SwappedPart {
  public:
   // `sub_groups`: the part's, in order, ranges in the owned range; `slots`: optimizer state
-  // tensors per element. The file is named `name` in the space's directory; not yet allocated.
-  SwappedPart(SwapSpace& space, const std::string& name, const std::vector<SubGroup>& sub_groups, size_t slots);
+  // tensors per element; `dtype`: of the values and state. The file is named `name` in the
+  // space's directory; not yet allocated. `unit` names a region in errors.
+  SwappedPart(SwapSpace& space, const std::string& name, const std::vector<SubGroup>& sub_groups, size_t slots,
+              at::ScalarType dtype = at::kFloat, std::string unit = "sub-group");
   ~SwappedPart();
   SwappedPart(const SwappedPart&) = delete;
   SwappedPart& operator=(const SwappedPart&) = delete;
@@ -94,7 +109,7 @@ class SwappedPart {
   // when `state` is not empty).
   void load(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state, double init);
   void store(int64_t begin, const at::Tensor& master, const std::vector<at::Tensor>& state);
-  // Views into a staging buffer of the sub-group's master (slot -1) and state slots, fp32.
+  // Views into a staging buffer of the sub-group's master (slot -1) and state slots, in dtype.
   at::Tensor view(const at::Tensor& buffer, int64_t begin, int64_t slot) const;
   // After a read into `buffer` completed: an IoError naming the file and offset unless the
   // buffer holds the sub-group's last write.
@@ -123,8 +138,10 @@ class SwappedPart {
 
   SwapSpace& space_;
   std::unique_ptr<DirectFile> file_;
-  std::vector<Region> regions_;
+  std::vector<Region> regions_;  // by begin
   size_t slots_;
+  at::ScalarType dtype_;
+  std::string unit_;
   int64_t file_bytes_ = 0;
 };
 

@@ -299,6 +299,22 @@ void bind_zero(py::module_& m) {
       .def("end_entries", &ZeroOptimizer::end_entries, py::arg("written"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("swap_backend", &ZeroOptimizer::swap_backend)
+      // offload_param.device "nvme": what the parameter chunks' swap did and holds; None otherwise.
+      .def("param_swap_stats", [](const ZeroOptimizer& o) -> py::object {
+             const ParamSwap* s = o.param_swap();
+             if (!s) return py::none();
+             const ParamSwapCounters& c = s->counters();
+             py::dict d;
+             d["reads"] = c.reads;
+             d["writes"] = c.writes;
+             d["prefetched"] = c.prefetched;
+             d["resident_numel"] = c.resident_numel;
+             d["peak_resident_numel"] = c.peak_resident_numel;
+             d["persistent_numel"] = c.persistent_numel;
+             d["wait_ms"] = c.wait_ms;
+             d["mapped_bytes"] = s->mapped_bytes();
+             return std::move(d);
+           })
       // Fault tests: "<eio|short>:<read|write>:<n>", the n-th NVMe block request from now fails.
       .def("inject_nvme_fault", &ZeroOptimizer::inject_swap_fault, py::arg("spec"))
       .def("drop_optimizer_state", &ZeroOptimizer::drop_optimizer_state)

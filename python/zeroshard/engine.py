@@ -113,7 +113,9 @@ class ZeroShardEngine(torch.nn.Module):
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
                   f"bucket(s); model state per rank: {self._core.memory.summary()}", self.global_rank)
         if self._core.swap_backend:
-            log_rank0(f"NVMe optimizer state: I/O through {self._core.swap_backend}", self.global_rank)
+            what = " and ".join(w for w, k in (("optimizer state", "offload_optimizer"), ("parameters", "offload_param"))
+                                if s[k] == "nvme")
+            log_rank0(f"NVMe {what}: I/O through {self._core.swap_backend}", self.global_rank)
 
     # ----- set-up -----
     def _optimizer_spec(self, client_optimizer, model_parameters):

@@ -481,12 +481,10 @@ ERRORS = {
     "batch_arithmetic": ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
                           "gradient_accumulation_steps": 1},
                          None),
-    "offload_param_nvme_not_built": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
-                                      "zero_optimization": {"stage": 3, "offload_param":
-                                                            {"device": "nvme", "nvme_path": "/tmp"}}},
-                                     'zero_optimization.offload_param.device: got "nvme", which zeroshard '
-                                     'does not run yet (only the optimizer state can live on NVMe: '
-                                     'offload_optimizer.device "nvme"); expected "none" or "cpu"'),
+    "offload_param_nvme_without_path": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
+                                         "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+                                        'zero_optimization.offload_param.nvme_path: missing, required when '
+                                        'device is "nvme"'),
     "offload_param_below_stage_3": ({"train_batch_size": 4, "optimizer": {"type": "AdamW"},
                                      "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
                                     'zero_optimization.offload_param.device: got "cpu" at stage 2; '

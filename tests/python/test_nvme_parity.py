@@ -1,25 +1,38 @@
-"""The numerics contract with the optimizer state on NVMe (issue 20): offload_optimizer.device
-"nvme" at stages 1, 2 and 3 gives the same update as the single-process torch.optim reference, at
+"""The numerics contract with state on NVMe (issue 20): offload_optimizer.device "nvme" at stages
+1, 2 and 3, and offload_param.device "nvme" at stage 3 (with the optimizer on NVMe, in host memory
+or on the device), give the same update as the single-process torch.optim reference, at
 test_zero_parity.py's tolerances, with the state really on disk: after the steps no master or
-optimizer state is held in host or device memory, the swap files exist while the run lives, host
-buffers stay within buffer_count staging buffers, and the directory is gone after a clean exit.
-The swap directory is a real directory on the machine's disk (ext4, O_DIRECT)."""
+optimizer state is held in host or device memory, the parameter chunks in host memory fit
+offload_param.max_in_cpu (as accounted, and as the kernel reports the store's pages), the swap
+files exist while the run lives, host buffers stay within buffer_count staging buffers, and the
+directories are gone after a clean exit. The swap directory is a real directory on the machine's
+disk (ext4, O_DIRECT)."""
 import os
 
 import pytest
+import torch
 
 from harness import run_distributed
 from test_offload_parity import BUCKET, parity_engine
 
 
-def _zero_block(stage, path, sub_group=1000, buffer_count=4, pipeline=True, param=False):
+def _zero_block(stage, path, sub_group=1000, buffer_count=4, pipeline=True, param=None, optimizer="nvme",
+                max_in_cpu=None, param_buffers=None):
     """Sub-groups of about 1000 elements, so each rank's state is many regions of its files;
-    `param`: the parameter chunks in host memory too (offload_param "cpu")."""
-    block = {"stage": stage, "reduce_bucket_size": BUCKET, "sub_group_size": sub_group,
-             "offload_optimizer": {"device": "nvme", "nvme_path": path, "buffer_count": buffer_count,
-                                   "pipeline_read": pipeline, "pipeline_write": pipeline}}
+    `param`: where the parameter chunks live (offload_param.device "cpu" or "nvme", with
+    `max_in_cpu` and `param_buffers` staging buffers); `optimizer`: offload_optimizer.device."""
+    block = {"stage": stage, "reduce_bucket_size": BUCKET, "sub_group_size": sub_group}
+    if optimizer != "none":
+        block["offload_optimizer"] = {"device": optimizer}
+    if optimizer == "nvme":
+        block["offload_optimizer"].update({"nvme_path": path, "buffer_count": buffer_count,
+                                           "pipeline_read": pipeline, "pipeline_write": pipeline})
     if param:
-        block["offload_param"] = {"device": "cpu"}
+        block["offload_param"] = {"device": param}
+    if param == "nvme":
+        block["offload_param"].update({"nvme_path": path, "max_in_cpu": max_in_cpu})
+        if param_buffers is not None:
+            block["offload_param"]["buffer_count"] = param_buffers
     if stage == 3:
         block["stage3_param_persistence_threshold"] = 0
     return block
@@ -33,6 +46,17 @@ def nvme_parity_worker(stage, precision, gas, path, opts):
     """test_zero_parity's worker on an NVMe config, then where the state is."""
     engine = parity_engine("gpt", stage, precision, gas, _zero_block(stage, path, **opts))
     got = engine.memory_bytes()
+    rank = int(os.environ["RANK"])
+    mine = [d for d in _swap_dirs(path) if d.endswith(f"-rank{rank}")]
+    # One directory per rank and offload block on NVMe.
+    assert len(mine) == (opts.get("optimizer", "nvme") == "nvme") + (opts.get("param") == "nvme"), _swap_dirs(path)
+    for d in mine:
+        files = os.listdir(os.path.join(path, d))
+        assert any(f.endswith(".swp") for f in files), files
+    if opts.get("param") == "nvme":
+        _assert_params_on_disk(engine, got, opts["max_in_cpu"])
+    if opts.get("optimizer", "nvme") != "nvme":
+        return engine._core.last_step_times()
     # On disk: nothing of the master or the state is held in memory between steps.
     for key in ("master_weights", "optimizer_state", "host_master_weights", "host_optimizer_state"):
         assert got[key] == 0, (key, got)
@@ -45,13 +69,25 @@ def nvme_parity_worker(stage, precision, gas, path, opts):
     largest = max(n for _, n, _ in sub_groups)
     staging = opts.get("buffer_count", 4) * (4096 + 3 * (-(-largest * 4 // 4096) * 4096) + 4096)
     pooled = 4 * sum(n * 4 for n in {n for _, n, _ in sub_groups})
-    assert got["host_buffers"] <= staging + pooled, (got, staging, pooled)
-    rank = int(os.environ["RANK"])
-    mine = [d for d in _swap_dirs(path) if d.endswith(f"-rank{rank}")]
-    assert len(mine) == 1, _swap_dirs(path)
-    files = os.listdir(os.path.join(path, mine[0]))
-    assert any(f.endswith(".swp") for f in files), files
+    if opts.get("param") != "nvme":  # (parameter staging buffers come from the same pool)
+        assert got["host_buffers"] <= staging + pooled, (got, staging, pooled)
     return engine._core.last_step_times()
+
+
+def _assert_params_on_disk(engine, got, max_in_cpu):
+    """Between steps the parameter chunks in host memory are at most max_in_cpu elements (no
+    parameter is persistent here), as accounted and as the kernel reports the chunk store's pages
+    (each chunk may share a page at either end with a neighbour that is resident); the chunks
+    really went to disk and came back."""
+    stats = engine._core.param_swap_stats()
+    element = 4 if engine.module.parameters().__next__().dtype == torch.float32 else 2
+    assert got["parameters"] == 0, got
+    assert stats["persistent_numel"] == 0, stats
+    assert stats["resident_numel"] <= max_in_cpu, stats
+    assert got["host_parameters"] == stats["resident_numel"] * element, (got, stats)
+    chunks = sum(1 for p in engine.module.parameters())
+    assert stats["mapped_bytes"] <= got["host_parameters"] + 2 * 4096 * chunks + 4096, (got, stats)
+    assert stats["reads"] > 0 and stats["writes"] > 0, stats
 
 
 def nvme_parity_batch_worker(cases, path):
@@ -72,7 +108,16 @@ CASES = [
     ("s2-fp32-gas1-w2-2buffers",  2, "fp32", 1, 2, {"buffer_count": 2}),
     ("s2-bf16-gas1-w2-serial",    2, "bf16", 1, 2, {"pipeline": False}),
     ("s3-fp32-gas2-w2",           3, "fp32", 2, 2, {}),
-    ("s3-bf16-gas1-w2-param-cpu", 3, "bf16", 1, 2, {"param": True}),
+    ("s3-bf16-gas1-w2-param-cpu", 3, "bf16", 1, 2, {"param": "cpu"}),
+    # Parameters on NVMe too: none kept in host memory, some kept, two staging buffers; with the
+    # optimizer in host memory (the step hands new values to the swap) and on the device.
+    ("s3-fp32-gas1-w1-param-nvme",       3, "fp32", 1, 1, {"param": "nvme", "max_in_cpu": 0}),
+    ("s3-bf16-gas2-w1-param-nvme-cpu",   3, "bf16", 2, 1, {"param": "nvme", "max_in_cpu": 5000,
+                                                            "optimizer": "cpu", "param_buffers": 2}),
+    ("s3-bf16-gas1-w2-param-nvme",       3, "bf16", 1, 2, {"param": "nvme", "max_in_cpu": 0,
+                                                            "param_buffers": 2}),
+    ("s3-fp32-gas2-w2-param-nvme-dev",   3, "fp32", 2, 2, {"param": "nvme", "max_in_cpu": 3000,
+                                                            "optimizer": "none"}),
 ]
 
 

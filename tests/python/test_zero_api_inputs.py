@@ -38,10 +38,17 @@ def zero_init_inputs_worker():
                         ({"zero_quantized_weights": True}, "quantized")):
         with pytest.raises(ValueError, match=key):
             Init(**kwargs)
+    # remote_device "nvme" needs the config that says where (DeepSpeed's pairing); with it, Init
+    # partitions as usual and initialize() moves the chunks to disk (test_nvme_api.py).
+    with pytest.raises(ValueError, match=r"remote_device='nvme'.*offload_param\.device"):
+        Init(remote_device="nvme", config_dict_or_path=_config(3))
     offload = _config(3)
     offload["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": "/tmp"}
-    with pytest.raises(ValueError, match=r'zero_optimization\.offload_param\.device: got "nvme", which '
-                                         r'zeroshard does not run yet'):
+    with Init(remote_device="nvme", config_dict_or_path=offload):
+        on_nvme = nn.Linear(4, 4)
+    assert on_nvme.weight.ds_numel == 16
+    offload["zero_optimization"]["stage"] = 2
+    with pytest.raises(ValueError, match=r'offload_param\.device: got "nvme" at stage 2'):
         Init(config_dict_or_path=offload)
     # The config's precision is the model dtype (DeepSpeed's zero.Init), an explicit dtype wins.
     with Init(config_dict_or_path=_config(3, "bf16")):

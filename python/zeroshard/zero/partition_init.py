@@ -8,6 +8,7 @@ import itertools
 import torch
 
 from zeroshard import _C
+from zeroshard.dtypes import PRECISIONS
 
 _SHAPE = "_zeroshard_full_shape"
 _COMM = "_zeroshard_init_comm"  # a _CommRef to the communicator the parameter was partitioned over
@@ -169,13 +170,12 @@ def get_accelerator():
 _INIT_BLOCKS = ("fp16", "bf16", "zero_optimization")
 
 
-def _config_dtype(config):
-    """The model dtype a ds_config asks for (DeepSpeed's zero.Init takes it from there when no
-    dtype is given); refuses what the engine would refuse (NVMe offload, parameter offload below
-    stage 3) with the engine's check."""
+def _init_settings(config):
+    """The engine settings of a ds_config's blocks that zero.Init reads (DeepSpeed's zero.Init
+    takes the model dtype from there when no dtype is given); refuses what the engine would refuse
+    (parameter offload below stage 3 ...) with the engine's check."""
     import json
     from zeroshard.config import config_text
-    from zeroshard.dtypes import PRECISIONS
     text, source = config_text(config=config)
     try:
         given = json.loads(text)
@@ -187,7 +187,7 @@ def _config_dtype(config):
         blocks = {k: given[k] for k in _INIT_BLOCKS if k in given}
         parsed = _C.parse_config(json.dumps({"train_micro_batch_size_per_gpu": 1, **blocks}), source)
     _C.require_buildable(parsed)
-    return PRECISIONS[_C.engine_settings(parsed)["precision"]]
+    return _C.engine_settings(parsed)
 
 
 class Init:
@@ -201,14 +201,14 @@ class Init:
         # mem_efficient_linear needs nothing: a released parameter's memory is freed in place
         # and gathered again for backward, so linear's saved weight holds no copy between them.
         # pin_memory applies to host-resident partitions, which are host memory here anyway.
-        if remote_device not in (None, "none", "cuda", "cpu"):
-            raise ValueError(f"zero.Init(remote_device={remote_device!r}): expected None, 'cpu' or "
-                             "'cuda' (NVMe offload is not implemented yet)")
-        if remote_device == "cpu" and torch.cuda.is_available():
-            raise ValueError("zero.Init(remote_device='cpu'): zero.Init keeps each chunk on the "
-                             "device it was built on, and initialize() moves the chunks to host "
-                             "memory when the config's zero_optimization.offload_param.device is "
-                             "\"cpu\"; expected None or 'cuda'")
+        if remote_device not in (None, "none", "cuda", "cpu", "nvme"):
+            raise ValueError(f"zero.Init(remote_device={remote_device!r}): expected None, 'cpu', "
+                             "'nvme' or 'cuda'")
+        if remote_device in ("cpu", "nvme") and torch.cuda.is_available():
+            raise ValueError(f"zero.Init(remote_device={remote_device!r}): zero.Init keeps each chunk "
+                             "on the device it was built on, and initialize() moves the chunks to "
+                             "host memory or NVMe when the config's zero_optimization.offload_param."
+                             f"device is \"{remote_device}\"; expected None or 'cuda'")
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError("zero.Init: ZeRO++ quantized weights are not supported by zeroshard")
         for name, value in (("zero_param_parallel_group", zero_param_parallel_group),
@@ -220,8 +220,13 @@ class Init:
             raise ValueError("zero.Init: given both config_dict_or_path and config (its older "
                              "name); pass only one")
         config = config_dict_or_path if config_dict_or_path is not None else config
-        if dtype is None and config is not None and enabled:
-            dtype = _config_dtype(config)
+        settings = _init_settings(config) if config is not None and enabled else {}
+        if dtype is None and settings:
+            dtype = PRECISIONS[settings["precision"]]
+        if remote_device == "nvme" and enabled and settings.get("offload_param") != "nvme":
+            raise ValueError("zero.Init(remote_device='nvme'): the chunks go to NVMe only where the "
+                             "config says where (zero_optimization.offload_param.device \"nvme\" "
+                             "with its nvme_path); pass config_dict_or_path with that block")
         if data_parallel_group is None and mpu is not None:
             data_parallel_group = mpu.get_data_parallel_group()
         self.enabled = enabled
