@@ -1,5 +1,6 @@
-"""Optimizer state on NVMe (issue 20) through the APIs DeepSpeed scripts call around training:
-zeroshard.utils' safe_get/set_full_* (the state is read from and written to its swap files) and
+"""Optimizer state and parameters on NVMe (issue 20) through the APIs DeepSpeed scripts call
+around training: zeroshard.utils' safe_get/set_full_* (the state is read from and written to its
+swap files), zero.Init(remote_device="nvme") with from_pretrained's GatheredParameters load, and
 save_checkpoint / load_checkpoint between NVMe, CPU offload and no offload. As test_offload_api.py
 does: the same script with and without NVMe on 2 ranks, every tensor within 1e-6 of its scale,
 and a loaded checkpoint restored exactly and continued as the run that saved it went on."""
@@ -10,7 +11,8 @@ import torch
 
 import checkpoint_workers as W
 from harness import run_distributed
-from test_offload_api import NONE, OPT, _assert_close, _cfg, _check_residency, _compare_with_and_without, utils_worker
+from test_offload_api import (NONE, OPT, _assert_close, _cfg, _check_residency, _compare_with_and_without,
+                              utils_worker, zero_init_worker)
 
 SAVE_AT, END = 3, 6
 
@@ -22,18 +24,32 @@ def _nvme(path):
             "sub_group_size": 1000}
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_safe_get_and_set_full_values_with_nvme(stage, tmp_path):
-    _compare_with_and_without(utils_worker, _nvme(tmp_path), stage)
+def _nvme_params(path, max_in_cpu=2000):
+    """Parameters on NVMe too (stage 3), few of them kept in host memory, two staging buffers."""
+    return {**_nvme(path), "offload_param": {"device": "nvme", "nvme_path": str(path), "max_in_cpu": max_in_cpu,
+                                             "buffer_count": 2}}
 
 
-def ck_worker(root, nvme_path):
+@pytest.mark.parametrize("stage,params", [(2, False), (3, False), (3, True)])
+def test_safe_get_and_set_full_values_with_nvme(stage, params, tmp_path):
+    _compare_with_and_without(utils_worker, _nvme_params(tmp_path) if params else _nvme(tmp_path), stage)
+
+
+def test_zero_init_on_nvme_with_a_from_pretrained_load_trains_like_a_normal_build(tmp_path):
+    """DeepSpeed's ZeRO-Infinity recipe: the model built under zero.Init(remote_device="nvme",
+    config_dict_or_path=ds_config), its weights copied in under GatheredParameters(modifier_rank=0)
+    as from_pretrained does (the chunks written go to disk), then trained."""
+    _compare_with_and_without(zero_init_worker, _nvme_params(tmp_path, max_in_cpu=0), "nvme")
+
+
+def ck_worker(root, nvme_path, stage=2, params=False):
     """Saves at SAVE_AT from an NVMe run and from a plain one, goes on to END; then loads each
-    checkpoint into the other residency (NVMe -> none and CPU offload, none -> NVMe)."""
-    offloads = {"nvme": _nvme(nvme_path), "none": NONE, "cpu": OPT}
+    checkpoint into the other residency (NVMe -> none and CPU offload, none -> NVMe). `params`:
+    the parameters on NVMe too (stage 3)."""
+    offloads = {"nvme": _nvme_params(nvme_path) if params else _nvme(nvme_path), "none": NONE, "cpu": OPT}
     saved = {}
     for name in ("nvme", "none"):
-        engine = W.build("gpt", _cfg(2, offloads[name]))
+        engine = W.build("gpt", _cfg(stage, offloads[name]))
         losses = W.train(engine, "gpt", 0, SAVE_AT)
         snap = W.snapshot(engine)
         engine.save_checkpoint(os.path.join(root, name))
@@ -43,7 +59,7 @@ def ck_worker(root, nvme_path):
     loaded = {}
     for case, (ck, into) in {"nvme->none": ("nvme", "none"), "nvme->cpu": ("nvme", "cpu"),
                              "none->nvme": ("none", "nvme"), "nvme->nvme": ("nvme", "nvme")}.items():
-        engine = W.build("gpt", _cfg(2, offloads[into]))
+        engine = W.build("gpt", _cfg(stage, offloads[into]))
         engine.load_checkpoint(os.path.join(root, ck))
         snap = W.snapshot(engine)
         losses = W.train(engine, "gpt", SAVE_AT, END)
@@ -52,11 +68,13 @@ def ck_worker(root, nvme_path):
     return saved, loaded
 
 
-def test_checkpoints_move_between_nvme_and_memory_and_continue_uninterrupted(tmp_path):
+@pytest.mark.parametrize("stage,params", [(2, False), (3, True)])
+def test_checkpoints_move_between_nvme_and_memory_and_continue_uninterrupted(stage, params, tmp_path):
     root, nvme = tmp_path / "ck", tmp_path / "nvme"
     root.mkdir()
     nvme.mkdir()
-    for rank, (saved, loaded) in enumerate(run_distributed(ck_worker, 2, str(root), str(nvme), timeout=300)):
+    for rank, (saved, loaded) in enumerate(run_distributed(ck_worker, 2, str(root), str(nvme), stage, params,
+                                                           timeout=300)):
         for case, (ck, got) in loaded.items():
             run = saved[ck]
             _assert_close(got["loaded"], run["saved"], f"{case} rank {rank}, just after load", tol=0.0)

@@ -3,8 +3,9 @@ path that is missing, a file, or on tmpfs (no O_DIRECT) is refused at initialize
 the path and the fix; a disk too small (a loop-mounted 8 MiB ext4 image) is refused before
 training with the bytes needed and available; an I/O error or a short read in the middle of a
 step ends that rank with an error naming the file, offset and size, and the other rank within the
-collective timeout; a checkpoint whose save meets an I/O error leaves nothing half-written. A
-stale swap directory of a dead run is named in a warning and left alone."""
+collective timeout; the same for the parameters' files (offload_param "nvme"), whose read fails in
+a gather; a checkpoint whose save meets an I/O error leaves nothing half-written. A stale swap
+directory of a dead run is named in a warning and left alone."""
 import os
 import shutil
 import subprocess
@@ -35,9 +36,18 @@ def _config(path, stage=2, sub_group=1000, pipeline=True, buffer_count=4):
                                                         "buffer_count": buffer_count}}}
 
 
+def _param_config(path):
+    """Parameters on NVMe (stage 3, none kept in host memory), the optimizer in host memory."""
+    return {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                  "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "nvme", "nvme_path": str(path), "max_in_cpu": 0}}}
+
+
 def refused_worker(config, needles, model="gpt"):
     import zeroshard
-    net = tiny_gpt() if model == "gpt" else _big_mlp()
+    net = {"gpt": tiny_gpt, "mlp": _big_mlp, "wide": _wide_mlp}[model]()
     with pytest.raises(ValueError) as info:
         zeroshard.initialize(model=net, config=config)
     message = str(info.value)
@@ -57,11 +67,14 @@ def test_a_file_as_path_is_refused(tmp_path):
     run_distributed(refused_worker, 1, _config(path), (KEY, str(path), "not a directory"))
 
 
-def test_tmpfs_is_refused_for_its_missing_o_direct():
+@pytest.mark.parametrize("block", ["offload_optimizer", "offload_param"])
+def test_tmpfs_is_refused_for_its_missing_o_direct(block):
     path = f"/dev/shm/zeroshard-test-{uuid.uuid4().hex[:8]}"  # tmpfs on Debian
     os.makedirs(path)
+    config, key = (_config(path), KEY) if block == "offload_optimizer" else \
+        (_param_config(path), "zero_optimization.offload_param.nvme_path")
     try:
-        run_distributed(refused_worker, 1, _config(path), (KEY, path, "O_DIRECT", "tmpfs"))
+        run_distributed(refused_worker, 1, config, (key, path, "O_DIRECT", "tmpfs"))
         assert [d for d in os.listdir(path) if d.startswith("zeroshard-swap-")] == []
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -70,6 +83,11 @@ def test_tmpfs_is_refused_for_its_missing_o_direct():
 def _big_mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(512, 1024), nn.Tanh(), nn.Linear(1024, 512))  # ~1M parameters
+
+
+def _wide_mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(1024, 2048), nn.Tanh(), nn.Linear(2048, 1024))  # ~4.2M parameters
 
 
 @pytest.fixture
@@ -95,16 +113,26 @@ def test_a_full_disk_is_found_at_start_with_the_bytes_needed(small_disk):
         "the refused run left its swap directory behind"
 
 
+def test_a_disk_too_small_for_the_parameters_is_found_at_start(small_disk):
+    # ~4.2M fp32 parameters (~17 MB of chunks at world 1) on the 8 MiB disk.
+    message = run_distributed(refused_worker, 1, _param_config(small_disk),
+                              ("zero_optimization.offload_param.nvme_path", str(small_disk), "bytes",
+                               "available"), "wide")[0]
+    assert [d for d in os.listdir(small_disk) if d.startswith("zeroshard-swap-")] == [], message
+
+
 # ----- faults in the middle of a run -----
 
 def fault_worker(path, fault_rank, fault, stage):
     """Trains until an error; after the first step, rank `fault_rank`'s engine has its next NVMe
-    request of one kind fail (the engine's fault injection)."""
+    request of one kind fail (the engine's fault injection). Stage "3-params": the parameters on
+    NVMe (the optimizer in host memory), so the fault meets a gather's read or a step's write."""
     from zeroshard import _C
     import zeroshard
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # Several sub-groups per rank and one staging buffer: every step reads and writes most of them.
-    engine, *_ = zeroshard.initialize(model=tiny_gpt(), config=_config(path, stage=stage, buffer_count=1))
+    config = _param_config(path) if stage == "3-params" else _config(path, stage=stage, buffer_count=1)
+    engine, *_ = zeroshard.initialize(model=tiny_gpt(), config=config)
     start = time.monotonic()
     try:
         for step in range(4):
@@ -119,14 +147,15 @@ def fault_worker(path, fault_rank, fault, stage):
     return {"error": None}
 
 
-@pytest.mark.parametrize("fault,words", [
-    ("eio:read:1", ("read", "Input/output error")),
-    ("eio:write:1", ("write", "Input/output error")),
-    ("short:read:1", ("read", "short")),
+@pytest.mark.parametrize("fault,words,stage", [
+    ("eio:read:1", ("read", "Input/output error"), 2),
+    ("eio:write:1", ("write", "Input/output error"), 2),
+    ("short:read:1", ("read", "short"), 2),
+    ("eio:read:1", ("read", "Input/output error", "param_group"), "3-params"),
 ])
-def test_an_io_error_mid_step_names_file_offset_and_size_and_ends_every_rank(tmp_path, fault, words):
+def test_an_io_error_mid_step_names_file_offset_and_size_and_ends_every_rank(tmp_path, fault, words, stage):
     env = {"ZEROSHARD_TIMEOUT": str(ENGINE_TIMEOUT_S / 60), "OMP_NUM_THREADS": "1"}
-    got, _ = _run_tolerating_deaths(fault_worker, 2, tmp_path, 1, fault, 2, timeout=90, env=env)
+    got, _ = _run_tolerating_deaths(fault_worker, 2, tmp_path, 1, fault, stage, timeout=90, env=env)
     assert set(got) == {0, 1}, got
     failing = got[1][1]
     assert failing["error"] is not None, got

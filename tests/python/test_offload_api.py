@@ -32,6 +32,11 @@ def _cfg(stage, offload, precision="fp32", **zero):
 def _check_residency(engine, offload):
     """Where the config puts the state, so that a run ignoring the offload blocks cannot pass."""
     opt = offload.get("offload_optimizer")
+    param = offload.get("offload_param")
+    if param and param["device"] == "nvme":  # host memory holds at most max_in_cpu elements of them
+        stats = engine._core.param_swap_stats()
+        assert stats["resident_numel"] - stats["persistent_numel"] <= param["max_in_cpu"], stats
+        assert stats["reads"] > 0 and engine.memory_bytes()["parameters"] == 0, stats
     if opt and opt["device"] == "nvme":  # on disk: in no memory between steps
         got = engine.memory_bytes()
         assert all(got[k] == 0 for k in ("master_weights", "optimizer_state", "host_master_weights",
@@ -74,7 +79,7 @@ def _compare_with_and_without(worker, offload, *args, tol=TOL):
 
 # ----- 1. zero.Init -------------------------------------------------------------------------------
 
-def zero_init_worker(offload):
+def zero_init_worker(offload, remote_device=None):
     """With offload: the model is built under zero.Init(config_dict_or_path=cfg) and its weights
     loaded as from_pretrained loads them (rank 0 copies them in under GatheredParameters with
     modifier_rank=0: GPT's own init runs after zero.Init has partitioned each layer, so it draws
@@ -83,7 +88,7 @@ def zero_init_worker(offload):
     from zeroshard.zero import GatheredParameters
     cfg = _cfg(3, offload)
     if offload:
-        with zeroshard.zero.Init(config_dict_or_path=cfg):
+        with zeroshard.zero.Init(config_dict_or_path=cfg, remote_device=remote_device):
             model = tiny_gpt()
         params = list(model.parameters())
         assert all(p.numel() < p.ds_numel for p in params)  # built partitioned
