@@ -42,7 +42,8 @@ FlatGroup::FlatGroup(const std::vector<at::Tensor>& params, const GroupSpec& spe
   ZS_CHECK(!params.empty(), "FlatGroup: a parameter group has no parameters");
   ZS_CHECK(trainable_ || partitioned_, "FlatGroup: only stage 3 keeps frozen parameters in a group");
   ZS_CHECK(partitioned_ || !params_on_host_, "FlatGroup: only stage 3 keeps parameters in host memory");
-  ZS_CHECK(params_on_host_ || !params_on_nvme_, "FlatGroup: parameters on NVMe are staged in host memory");
+  ZS_CHECK(params_on_host_ || !params_on_nvme_, "FlatGroup: parameters on NVMe (zero_optimization.offload_param."
+           "device \"nvme\") are staged in host memory: params_on_host must be set too");
   const auto& chunked = spec.prechunked_shapes;
   ZS_CHECK(chunked.empty() || chunked.size() == params.size(), "FlatGroup: ", chunked.size(),
            " chunk shapes for ", params.size(), " parameters");
@@ -104,7 +105,10 @@ void FlatGroup::drop_param_pages(int64_t begin, int64_t numel) {
   const uintptr_t lo = (base + uintptr_t(begin) * params_.element_size() + page - 1) / page * page;
   const uintptr_t hi = (base + uintptr_t(begin + numel) * params_.element_size()) / page * page;
   // Pages shared with a neighbouring chunk stay: it may be resident.
-  if (hi > lo) ZS_CHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0, "madvise failed");
+  if (hi > lo) {
+    ZS_CHECK(madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0, "FlatGroup: giving back ",
+             hi - lo, " bytes of the chunk store at element ", begin, " failed (madvise): ", std::strerror(errno));
+  }
 }
 
 MemoryCategory FlatGroup::params_category() const {

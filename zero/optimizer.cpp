@@ -298,11 +298,13 @@ void ZeroOptimizer::drop_optimizer_state() {
   for (auto& shard : shards_) shard->drop_state();
 }
 
-void ZeroOptimizer::inject_swap_fault(const std::string& spec) {
-  ZS_REQUIRE(swap_ || param_swap_, "inject_nvme_fault: this run has no NVMe offload (offload_optimizer or "
-             "offload_param device \"nvme\")");
-  AioEngine& engine = swap_ ? swap_->engine() : param_swap_->engine();
-  engine.inject_fault(parse_aio_fault(spec, "inject_nvme_fault"));
+void ZeroOptimizer::inject_swap_fault(const std::string& spec, const std::string& engine) {
+  ZS_REQUIRE(engine == "optimizer" || engine == "param", "inject_nvme_fault: engine \"", engine,
+             "\"; expected \"optimizer\" or \"param\"");
+  const bool param = engine == "param";
+  ZS_REQUIRE(param ? bool(param_swap_) : bool(swap_), "inject_nvme_fault: this run has no ",
+             param ? "offload_param" : "offload_optimizer", " device \"nvme\"");
+  (param ? param_swap_->engine() : swap_->engine()).inject_fault(parse_aio_fault(spec, "inject_nvme_fault"));
 }
 
 std::string ZeroOptimizer::swap_backend() const {

@@ -100,18 +100,20 @@ class ZeroOptimizer {
   // DeepSpeed's safe_get_full_* / safe_set_full_*.
   FullValues& full_values() { return *full_values_; }
   // What this rank holds, for checkpoints (shard_entries.h); `with_state` creates the optimizer
-  // state where no step has run yet, for a load to fill. NVMe state is read into host memory for
-  // it and stays there until end_entries() (a reader, which may keep using its views: they hold
-  // their memory) or after_load() (a writer: written back to disk).
+  // state where no step has run yet, for a load to fill. NVMe state and parameter chunks are read
+  // into host memory for it and stay there until end_entries() (a reader: the optimizer state's
+  // views keep their memory after it, the parameter chunks' do not, so read before ending) or
+  // after_load() (a writer: written back to disk).
   std::vector<ShardEntry> shard_entries(bool with_state);
   void end_entries(bool written);
   // After a load wrote into shard_entries' views between steps: NVMe state is written back,
   // stage 3 releases what is gathered and gathers the persistent parameters again from the new
   // chunks.
   void after_load();
-  // Test hook (fault tests): the NVMe engine's `spec` ("eio:read:1": parse_aio_fault) block
-  // request from now fails. An error without NVMe offload.
-  void inject_swap_fault(const std::string& spec);
+  // Test hook (fault tests): the `spec` ("eio:read:1": parse_aio_fault) block request from now
+  // of one NVMe engine fails: "optimizer" (offload_optimizer's) or "param" (offload_param's). An
+  // error where that block is not on NVMe.
+  void inject_swap_fault(const std::string& spec, const std::string& engine);
   // NVMe offload (optimizer's, else parameters'): the I/O engine in use and why; empty otherwise.
   std::string swap_backend() const;
   // offload_param.device "nvme": the parameter chunks' swap; null otherwise.

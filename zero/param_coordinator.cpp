@@ -9,8 +9,11 @@
 namespace zeroshard {
 
 namespace {
-// How far ahead in the fetch order prefetch() looks for chunks to read from disk.
+// How far ahead in the fetch order prefetch() looks for chunks to read from disk: the swap
+// starts at most offload_param.buffer_count reads (5 by default), so a few modules' worth of
+// candidates is enough, and the walk stays short on every fetch.
 constexpr size_t kReadAheadParams = 64;
+constexpr size_t kReadAheadModules = 16;
 }  // namespace
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatGroup*> groups, std::shared_ptr<Comm> comm,
@@ -93,37 +96,41 @@ bool ParamCoordinator::reused_soon(int64_t param) const {
 void ParamCoordinator::prefetch() {
   if (trace().mode() != FetchTrace::Mode::follow) return;
   const auto& order = trace().modules();
-  // Disk reads first (gathers of these wait for them): the order's next parameters that are not
-  // whole, as far as a bound that keeps this walk short; the swap starts what its buffers take.
+  if (prefetch_numel_ > 0) {
+    // The bucket bounds everything prefetched and not yet fetched by its module, not each call's
+    // additions: otherwise every fetch starts a bucket more and forward ends with backward's
+    // parameters all gathered again.
+    int64_t budget = prefetch_numel_ - gatherer_.counters().prefetched_ahead_numel;
+    int64_t reserved = 0;  // chosen so far: the cap counts what is about to be in flight
+    std::vector<int64_t> chosen;
+    for (size_t k = trace().position(); k < order.size() && budget > 0; ++k) {
+      for (int64_t i : modules_[size_t(order[k])].params) {
+        if (gatherer_.whole(i)) continue;
+        if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) continue;
+        const int64_t numel = gatherer_.param(i).numel;
+        if (numel > budget || reserved + numel > gatherer_.room_numel()) {
+          budget = 0;
+          break;
+        }
+        chosen.push_back(i);
+        budget -= numel;
+        reserved += numel;
+      }
+    }
+    gatherer_.prefetch(chosen);
+  }
+  // Then disk reads of the parameters the order needs after those (a gather started now would
+  // wait for its reads at once): they run while the modules before them compute. A bound keeps
+  // this walk short; the swap starts as many as its staging buffers take.
+  if (!gatherer_.reads_from_disk()) return;
   std::vector<int64_t> ahead;
-  for (size_t k = trace().position(); k < order.size() && ahead.size() < kReadAheadParams; ++k) {
+  const size_t last = std::min(order.size(), trace().position() + kReadAheadModules);
+  for (size_t k = trace().position(); k < last && ahead.size() < kReadAheadParams; ++k) {
     for (int64_t i : modules_[size_t(order[k])].params) {
       if (!gatherer_.whole(i)) ahead.push_back(i);
     }
   }
   gatherer_.read_ahead(ahead);
-  if (prefetch_numel_ <= 0) return;
-  // The bucket bounds everything prefetched and not yet fetched by its module, not each call's
-  // additions: otherwise every fetch starts a bucket more and forward ends with backward's
-  // parameters all gathered again.
-  int64_t budget = prefetch_numel_ - gatherer_.counters().prefetched_ahead_numel;
-  int64_t reserved = 0;  // chosen so far: the cap counts what is about to be in flight
-  std::vector<int64_t> chosen;
-  for (size_t k = trace().position(); k < order.size() && budget > 0; ++k) {
-    for (int64_t i : modules_[size_t(order[k])].params) {
-      if (gatherer_.whole(i)) continue;
-      if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) continue;
-      const int64_t numel = gatherer_.param(i).numel;
-      if (numel > budget || reserved + numel > gatherer_.room_numel()) {
-        budget = 0;
-        break;
-      }
-      chosen.push_back(i);
-      budget -= numel;
-      reserved += numel;
-    }
-  }
-  gatherer_.prefetch(chosen);
 }
 
 void ParamCoordinator::grad_done(int64_t param_index) {

@@ -47,7 +47,6 @@ ParamGatherer::~ParamGatherer() {
     finish(g.work);
     for (auto& w : g.direct_works) finish(w);
     memory_.release(MemoryCategory::comm_buffers, g.staged_bytes);
-    if (swap_) swap_->unhold(g.group, g.held, false);
   }
   for (auto& p : params_) {
     if (p.gathered || p.in_flight >= 0) memory_.release(category(p), gathered_bytes(p));
@@ -192,13 +191,16 @@ void ParamGatherer::with_chunk(int64_t param_index, const std::function<void()>&
 void ParamGatherer::in_host(const Param& p, bool written, const std::function<void()>& fn) {
   if (!swap_) return fn();
   swap_->hold(p.group, {p.index});
-  struct Unhold {
-    ParamSwap* swap;
-    const Param& p;
-    bool written;
-    ~Unhold() { swap->unhold(p.group, {p.index}, written); }
-  } unhold{swap_, p, written};
-  fn();
+  {
+    struct Unhold {
+      ParamSwap* swap;
+      const Param& p;
+      bool written;
+      ~Unhold() { swap->unhold(p.group, {p.index}, written); }
+    } unhold{swap_, p, written};
+    fn();
+  }
+  swap_->trim();  // what no longer fits max_in_cpu leaves now
 }
 
 void ParamGatherer::read_ahead(const std::vector<int64_t>& indices) {
@@ -276,12 +278,29 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   Gather x;
   x.group = g;
   x.members = members;
+  // Parameters on NVMe: the chunks are in host memory while this reads them. Every read of them
+  // below is done when it returns: the copies up (all_gather) and at::cat are synchronous on the
+  // host, and on CUDA a copy from pageable memory has taken its source when it returns.
+  std::vector<int64_t> held;
   if (swap_) {
     for (int64_t i : members) {
-      if (!params_[size_t(i)].persistent) x.held.push_back(params_[size_t(i)].index);
+      if (!params_[size_t(i)].persistent) held.push_back(params_[size_t(i)].index);
     }
-    swap_->hold(g, x.held);  // the chunks in host memory until complete_gather
+    swap_->hold(g, held);
   }
+  struct Unhold {  // on an error below; else ended before the return, then trimmed
+    ParamSwap* swap;
+    int64_t group;
+    std::vector<int64_t>& held;
+    ~Unhold() {
+      if (swap) swap->unhold(group, held, false);
+    }
+    void now() {
+      swap->unhold(group, held, false);
+      held.clear();
+      swap->trim();  // what no longer fits max_in_cpu leaves now
+    }
+  } unhold{swap_, g, held};
   std::vector<at::Tensor> mine;
   for (int64_t i : members) {
     Param& p = params_[size_t(i)];
@@ -314,6 +333,7 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   const int64_t id = next_gather_id_++;
   for (int64_t i : members) params_[size_t(i)].in_flight = id;
   gathers_.emplace(id, std::move(x));
+  if (swap_) unhold.now();
   return id;
 }
 
@@ -347,13 +367,11 @@ void ParamGatherer::complete_gather(int64_t id) {
     const Gather& x;
     MemoryAccount& memory;
     const CopyStream* up;
-    ParamSwap* swap;
     ~ReleaseStaged() {
       for (const at::Tensor& t : x.staged) up->keep_for_compute(t);
       memory.release(MemoryCategory::comm_buffers, x.staged_bytes);
-      if (swap) swap->unhold(x.group, x.held, false);
     }
-  } release_staged{x, memory_, up_.get(), swap_};
+  } release_staged{x, memory_, up_.get()};
   const FlatGroup& group = *groups_[size_t(x.group)];
   const ChunkLayout& L = group.chunk_layout();
   const int64_t world = comm_->world_size();

@@ -96,6 +96,7 @@ class ParamGatherer {
   // Parameters on NVMe: starts reading these parameters' chunks ahead of their gathers (the
   // coordinator's fetch order); a no-op for the rest.
   void read_ahead(const std::vector<int64_t>& param_indices);
+  bool reads_from_disk() const { return swap_ != nullptr; }
   // Runs `fn` while the parameter's chunk is in host memory (a read of it outside a gather).
   void with_chunk(int64_t param_index, const std::function<void()>& fn);
 
@@ -129,7 +130,6 @@ class ParamGatherer {
     std::vector<std::pair<int64_t, at::Tensor>> direct;  // (member, its padded full tensor)
     std::vector<CommWork> direct_works;
     std::vector<at::Tensor> staged;  // chunks copied up from host memory (offload_param)
-    std::vector<int64_t> held;       // tensors whose chunks the swap holds for this gather
     int64_t staged_bytes = 0;
   };
   // All-gathers `in` (this rank's chunks) into `out`. Chunks in host memory (offload_param) are

@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -159,7 +161,9 @@ at::Tensor ParamSwap::acquire_buffer() {
     ZS_CHECK(oldest, "ParamSwap: ", lent(), " staging buffers lent and none to take back");
     land(*oldest);
   }
-  return space_->acquire();
+  at::Tensor buffer = space_->acquire();
+  counters_.peak_lent = std::max(counters_.peak_lent, lent() + 1);  // the caller's one counts from here
+  return buffer;
 }
 
 void ParamSwap::start_read(Chunk& c) {
@@ -227,12 +231,13 @@ void ParamSwap::evict(Chunk& c) {
 
 void ParamSwap::hold(int64_t group, const std::vector<int64_t>& tensors) {
   if (!swapped(group)) return;
+  ZS_CHECK(unbalanced_.empty(), "ParamSwap: a hold of ", unbalanced_, " ended more often than it began");
   ++clock_;
   for (int64_t t : tensors) {
     Chunk& c = chunk(group, t);
     if (!c.stays && !c.resident && !c.reading) start_read(c);
   }
-  int64_t taken = 0;
+  size_t taken = 0;
   try {
     for (int64_t t : tensors) {
       Chunk& c = chunk(group, t);
@@ -241,18 +246,22 @@ void ParamSwap::hold(int64_t group, const std::vector<int64_t>& tensors) {
       ++taken;
       c.used = clock_;
     }
+    trim();  // may write chunks out: an error there must not leave these held either
   } catch (...) {
-    for (int64_t k = 0; k < taken; ++k) --chunk(group, tensors[size_t(k)]).holds;
+    for (size_t k = 0; k < taken; ++k) --chunk(group, tensors[k]).holds;
     throw;
   }
-  trim();
 }
 
 void ParamSwap::unhold(int64_t group, const std::vector<int64_t>& tensors, bool written) noexcept {
   if (!swapped(group)) return;
   for (int64_t t : tensors) {
     Chunk& c = chunk(group, t);
-    if (c.holds > 0) --c.holds;
+    if (c.holds > 0) {
+      --c.holds;
+    } else {
+      unbalanced_ = detail::cat("group ", group, " tensor ", t);  // raised by the next hold()
+    }
     c.dirty = c.dirty || written;
   }
 }
@@ -311,7 +320,6 @@ void ParamSwap::hold_all() {
     }
   } catch (...) {
     for (const auto& [g, t] : taken) unhold(g, {t}, false);
-    trim();
     throw;
   }
   all_held_ = true;
@@ -355,7 +363,8 @@ int64_t ParamSwap::mapped_bytes() const {
     const int64_t length = (int64_t(store.nbytes()) + page - 1) / page * page;
     std::vector<unsigned char> pages(size_t(length / page));
     if (length == 0) continue;
-    ZS_CHECK(mincore(store.data_ptr(), size_t(length), pages.data()) == 0, "ParamSwap: mincore failed");
+    ZS_CHECK(mincore(store.data_ptr(), size_t(length), pages.data()) == 0, "ParamSwap: mincore of ", length,
+             " bytes of group ", g, "'s chunk store failed: ", std::strerror(errno));
     for (unsigned char p : pages) bytes += (p & 1) ? page : 0;
   }
   return bytes;

@@ -28,6 +28,7 @@ namespace zeroshard {
 struct ParamSwapCounters {
   int64_t reads = 0, writes = 0;         // chunks read from and written to disk
   int64_t prefetched = 0;                // of the reads, those started ahead by prefetch()
+  int64_t peak_lent = 0;                 // most staging buffers lent at once (<= buffer_count)
   int64_t resident_numel = 0;            // chunk elements in host memory (persistent ones too)
   int64_t peak_resident_numel = 0;
   int64_t persistent_numel = 0;          // of them, those that never leave
@@ -54,7 +55,8 @@ class ParamSwap {
   // holds them there until unhold().
   void hold(int64_t group, const std::vector<int64_t>& tensors);
   // Ends holds; `written`: the holder changed the values (they go to disk before they leave).
-  // Never throws; what no longer fits leaves at the next hold(), store() or trim().
+  // Never throws (an end without a hold is raised by the next hold()); what no longer fits
+  // leaves at the next hold(), store() or trim().
   void unhold(int64_t group, const std::vector<int64_t>& tensors, bool written) noexcept;
   // Starts reads of the tensors' chunks that are on disk, while staging buffers are free.
   void prefetch(int64_t group, const std::vector<int64_t>& tensors);
@@ -115,6 +117,7 @@ class ParamSwap {
   int64_t reads_in_flight_ = 0;
   uint64_t clock_ = 0;
   bool all_held_ = false;
+  std::string unbalanced_;  // a chunk whose holds ended more often than they began
   ParamSwapCounters counters_;
 };
 

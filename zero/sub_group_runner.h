@@ -40,8 +40,8 @@ class SubGroupRunner {
   // group's parameters where they live (FlatGroup::params_on_host: ZeRO-3 chunks under
   // offload_param), through a copy when that is not where the sub-group steps. `swap` (NVMe
   // sub-groups' space, outlives this) is null without offload_optimizer.device "nvme";
-  // `params` (outlives this) without offload_param.device "nvme": then the new values of groups
-  // whose chunks it swaps go to it instead (ParamSwap::store).
+  // `params` (null without offload_param.device "nvme"; alive whenever run() is) takes the new
+  // values of the groups whose chunks it swaps instead (ParamSwap::store).
   SubGroupRunner(std::vector<FlatGroup*> groups, std::vector<OptimizerShard*> shards, HostPool& pool,
                  CopyStream& copies, SwapSpace* swap = nullptr, ParamSwap* params = nullptr);
   ~SubGroupRunner();

@@ -308,6 +308,7 @@ void bind_zero(py::module_& m) {
              d["reads"] = c.reads;
              d["writes"] = c.writes;
              d["prefetched"] = c.prefetched;
+             d["peak_lent"] = c.peak_lent;
              d["resident_numel"] = c.resident_numel;
              d["peak_resident_numel"] = c.peak_resident_numel;
              d["persistent_numel"] = c.persistent_numel;
@@ -315,8 +316,10 @@ void bind_zero(py::module_& m) {
              d["mapped_bytes"] = s->mapped_bytes();
              return std::move(d);
            })
-      // Fault tests: "<eio|short>:<read|write>:<n>", the n-th NVMe block request from now fails.
-      .def("inject_nvme_fault", &ZeroOptimizer::inject_swap_fault, py::arg("spec"))
+      // Fault tests: "<eio|short>:<read|write>:<n>", the n-th block request from now of the
+      // optimizer's or the parameters' NVMe engine fails.
+      .def("inject_nvme_fault", &ZeroOptimizer::inject_swap_fault, py::arg("spec"),
+           py::arg("engine") = "optimizer")
       .def("drop_optimizer_state", &ZeroOptimizer::drop_optimizer_state)
       .def_property_readonly("optimizer_type", [](const ZeroOptimizer& o) { return o.optimizer().type; })
       .def_property_readonly("state_names",

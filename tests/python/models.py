@@ -31,11 +31,18 @@ class AwkwardMLP(nn.Module):
         return ((self.out(h) - y) ** 2).mean()
 
 
-MODELS = {"gpt": tiny_gpt, "awkward": AwkwardMLP}
+def wide_gpt():
+    """tiny_gpt with d_model 64: its matrices' chunks span several 4 KiB pages at world 1 and 2, so
+    chunks that go to NVMe really give their memory back (parameters on NVMe, test_nvme_*.py)."""
+    torch.manual_seed(0)
+    return GPT(vocab_size=VOCAB, seq_len=SEQ, d_model=64, n_layers=2, n_heads=2)
+
+
+MODELS = {"gpt": tiny_gpt, "gpt-wide": wide_gpt, "awkward": AwkwardMLP}
 
 
 def global_batch(model_name, step, size):
     g = torch.Generator().manual_seed(1000 + step)
-    if model_name == "gpt":
+    if model_name.startswith("gpt"):
         return torch.randint(0, VOCAB, (size, SEQ + 1), generator=g)
     return torch.randn(size, 10, generator=g)

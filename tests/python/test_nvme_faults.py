@@ -137,7 +137,7 @@ def fault_worker(path, fault_rank, fault, stage):
     try:
         for step in range(4):
             if step == 1 and rank == fault_rank:
-                engine._core.inject_nvme_fault(fault)
+                engine._core.inject_nvme_fault(fault, "param" if stage == "3-params" else "optimizer")
             batch = global_batch("gpt", step, 2 * world)[2 * rank:2 * rank + 2]
             start = time.monotonic()
             engine.backward(engine(batch))

@@ -12,7 +12,7 @@ import torch
 
 import checkpoint_workers as W
 from harness import run_distributed
-from models import global_batch, tiny_gpt
+from models import MODELS, global_batch, tiny_gpt
 from test_offload_parity import _assert_residency
 
 TOL = 1e-6
@@ -34,9 +34,13 @@ def _check_residency(engine, offload):
     opt = offload.get("offload_optimizer")
     param = offload.get("offload_param")
     if param and param["device"] == "nvme":  # host memory holds at most max_in_cpu elements of them
-        stats = engine._core.param_swap_stats()
+        stats, got = engine._core.param_swap_stats(), engine.memory_bytes()
         assert stats["resident_numel"] - stats["persistent_numel"] <= param["max_in_cpu"], stats
-        assert stats["reads"] > 0 and engine.memory_bytes()["parameters"] == 0, stats
+        assert stats["reads"] > 0 and got["parameters"] == 0, stats
+        # The pages of chunks on disk really went back (the model's chunks span pages).
+        world = int(os.environ["WORLD_SIZE"])
+        store = sum(-(-p.ds_numel // world) * p.element_size() for p in engine.module.parameters())
+        assert stats["mapped_bytes"] - got["host_parameters"] < store // 2, (store, got, stats)
     if opt and opt["device"] == "nvme":  # on disk: in no memory between steps
         got = engine.memory_bytes()
         assert all(got[k] == 0 for k in ("master_weights", "optimizer_state", "host_master_weights",
@@ -79,7 +83,7 @@ def _compare_with_and_without(worker, offload, *args, tol=TOL):
 
 # ----- 1. zero.Init -------------------------------------------------------------------------------
 
-def zero_init_worker(offload, remote_device=None):
+def zero_init_worker(offload, remote_device=None, model_name="gpt"):
     """With offload: the model is built under zero.Init(config_dict_or_path=cfg) and its weights
     loaded as from_pretrained loads them (rank 0 copies them in under GatheredParameters with
     modifier_rank=0: GPT's own init runs after zero.Init has partitioned each layer, so it draws
@@ -89,16 +93,16 @@ def zero_init_worker(offload, remote_device=None):
     cfg = _cfg(3, offload)
     if offload:
         with zeroshard.zero.Init(config_dict_or_path=cfg, remote_device=remote_device):
-            model = tiny_gpt()
+            model = MODELS[model_name]()
         params = list(model.parameters())
         assert all(p.numel() < p.ds_numel for p in params)  # built partitioned
         with GatheredParameters(params, modifier_rank=0), torch.no_grad():
-            for p, whole in zip(params, tiny_gpt().parameters()):
+            for p, whole in zip(params, MODELS[model_name]().parameters()):
                 p.copy_(whole)
     else:
-        model = tiny_gpt()
+        model = MODELS[model_name]()
     engine = W.build_module(model, cfg)
-    losses = W.train(engine, "gpt", 0, 4)
+    losses = W.train(engine, model_name, 0, 4)
     _check_residency(engine, offload)
     return {"losses": losses, "end": W.snapshot(engine)}
 
@@ -184,17 +188,17 @@ def _full_values(named, with_grad=False):
     return out
 
 
-def utils_worker(offload, stage):
+def utils_worker(offload, stage, model_name="gpt"):
     """Gradients before a step, values and states after it, then rank 0's values set (every rank
     passes another one) into masters and moments from the first sub-group to the last, and two
     more steps that must start from them."""
     from zeroshard.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state,
                                  safe_set_full_fp32_param, safe_set_full_optimizer_state)
     rank = int(os.environ["RANK"])
-    engine = W.build("gpt", _cfg(stage, offload))
+    engine = W.build(model_name, _cfg(stage, offload))
     named = dict(engine.module.named_parameters())
-    W.train(engine, "gpt", 0, 2)
-    engine.backward(engine(global_batch("gpt", 2, 4)[2 * rank:2 * rank + 2]))
+    W.train(engine, model_name, 0, 2)
+    engine.backward(engine(global_batch(model_name, 2, 4)[2 * rank:2 * rank + 2]))
     out = {"before_step": _full_values(named, with_grad=True)}
     engine.step()
     out["after_step"] = _full_values(named)
@@ -214,7 +218,7 @@ def utils_worker(offload, stage):
             safe_set_full_optimizer_state(named[name], want + rank, key)
             assert torch.equal(safe_get_full_optimizer_state(named[name], key), want), f"rank {rank}: {name} {key}"
     out["set"] = _full_values(named)
-    out["losses"] = W.train(engine, "gpt", 3, 5)
+    out["losses"] = W.train(engine, model_name, 3, 5)
     out["end"] = _full_values(named)
     _check_residency(engine, offload)
     return out

@@ -91,9 +91,9 @@ def rank_items(run: RunView, exclude_frozen: bool):
         if flat.numel():
             items.append((name, list(shape), begin, flat))
 
+    # The caller ends the entries (run.core.end_entries) once it has written them: parameter
+    # chunks on NVMe leave host memory then, and these views would read zeros after.
     entries = run.core.shard_entries(False)
-    # NVMe state leaves host memory (the account no longer counts it); these views keep what they show.
-    run.core.end_entries(False)
     for kind, index, begin, values, replicated in entries:
         if exclude_frozen and not run.trainable[index]:
             continue

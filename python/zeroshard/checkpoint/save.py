@@ -85,10 +85,13 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     try:
         if staged is None:
             staged = CK.StagedCheckpoint.attach(save_dir, tag, temp_name)
-        items = rank_items(run, exclude_frozen_parameters)
-        if run.rank == 0:
-            items += [(key, list(t.shape), 0, t.reshape(-1)) for key, t in client_tensors]
-        manifest = CK.write_shard_file(staged.file(_rank_file(run.rank)), items)
+        try:
+            items = rank_items(run, exclude_frozen_parameters)
+            if run.rank == 0:
+                items += [(key, list(t.shape), 0, t.reshape(-1)) for key, t in client_tensors]
+            manifest = CK.write_shard_file(staged.file(_rank_file(run.rank)), items)
+        finally:
+            run.core.end_entries(False)  # NVMe state and chunks leave host memory: written now
         if run.rank != 0:
             CK.write_file_durably(staged.file(_partial_manifest(run.rank)), manifest.to_json())
             staged.release()

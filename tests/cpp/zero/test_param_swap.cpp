@@ -2,8 +2,11 @@
 // FlatGroup whose chunk store is reserved memory: after start nothing but persistent chunks is in
 // host memory (accounted, and as the kernel reports the store's pages); held chunks read back
 // their values; the step's new values reach chunks on disk and in memory, whole or in part;
-// max_in_cpu bounds what stays after a hold ends, least recently used leaving first; a file
-// rewritten under the run is an IoError naming it; buffer_size must hold the largest chunk.
+// max_in_cpu bounds what stays after a hold ends, least recently used leaving first; reads
+// started ahead never win over newer values and share the staging buffers (never more than
+// buffer_count lent); a hold that fails (a write error while making room) is not left held, and
+// one ended twice is named; a file rewritten under the run is an IoError naming it; buffer_size
+// must hold the largest chunk.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
@@ -17,6 +20,7 @@
 #include "runtime/error.h"
 #include "runtime/host_pool.h"
 #include "runtime/memory.h"
+#include "offload/aio_engine.h"
 #include "zero/flat_group.h"
 #include "zero/param_swap.h"
 
@@ -37,7 +41,7 @@ struct Fixture {
   std::unique_ptr<ParamSwap> swap;
 
   explicit Fixture(int64_t max_in_cpu, std::vector<bool> persistent = {false, false, false},
-                   int64_t buffer_size = 100000) {
+                   int64_t buffer_size = 100000, int64_t buffers = 2) {
     char tmpl[] = "/tmp/zs-param-swap-XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -54,7 +58,7 @@ struct Fixture {
     c.zero_optimization.stage = 3;
     c.zero_optimization.offload_param.device = "nvme";
     c.zero_optimization.offload_param.nvme_path = dir.string();
-    c.zero_optimization.offload_param.buffer_count = 2;
+    c.zero_optimization.offload_param.buffer_count = buffers;
     c.zero_optimization.offload_param.buffer_size = buffer_size;
     c.zero_optimization.offload_param.max_in_cpu = max_in_cpu;
     swap = std::make_unique<ParamSwap>(c, 0, pool, memory);
@@ -76,6 +80,11 @@ struct Fixture {
     return out;
   }
   int64_t host_bytes() const { return memory.bytes(MemoryCategory::host_parameters); }
+  // Values for the whole store (17300 elements), and tensor t's part of them.
+  static at::Tensor fresh(float k) { return (at::arange(17300, at::kFloat).remainder(97) * k - 40).to(at::kBFloat16); }
+  at::Tensor part(const at::Tensor& all, int64_t t) const {
+    return all.narrow(0, group->chunk_layout().local_offsets[size_t(t)], kNumels[size_t(t)]);
+  }
 };
 
 }  // namespace
@@ -186,4 +195,72 @@ TEST_CASE("a file rewritten under the run is an IoError naming it; buffer_size m
   CHECK_THROWS_WITH(Fixture(0, {false, false, false}, 4096),
                     Catch::Contains("zero_optimization.offload_param.buffer_size: got 4096") &&
                         Catch::Contains("12000"));
+}
+
+TEST_CASE("reads started ahead never win over newer values, and share the staging buffers") {
+  SECTION("a whole store over reads in flight") {
+    Fixture f(0);
+    f.swap->prefetch(0, {0, 1, 2});
+    CHECK(f.swap->counters().prefetched == 2);  // two buffers
+    const at::Tensor v = Fixture::fresh(1);
+    f.swap->store(0, 0, v);
+    for (int64_t t = 0; t < 3; ++t) CHECK(at::equal(f.read(t), f.part(v, t)));
+  }
+  SECTION("a partial store over a read in flight keeps the rest of the chunk") {
+    Fixture f(0);
+    f.swap->prefetch(0, {0});
+    f.swap->store(0, 100, at::full({50}, 7.0f, at::kBFloat16));
+    at::Tensor want = f.values[0].to(at::kBFloat16);
+    want.narrow(0, 100, 50).fill_(7.0f);
+    CHECK(at::equal(f.read(0), want));
+    f.swap->trim();
+    CHECK(f.swap->counters().resident_numel == 0);
+  }
+  SECTION("a hold while every buffer holds a read in flight") {
+    Fixture f(0);
+    f.swap->prefetch(0, {0, 2});
+    for (int64_t t : {1, 0, 2}) CHECK(at::equal(f.read(t), f.values[size_t(t)].to(at::kBFloat16)));
+    CHECK(f.swap->counters().peak_lent <= 2);
+  }
+  SECTION("one buffer: writes in flight, stores whole and in part, reads ahead") {
+    Fixture f(0, {false, false, false}, 100000, 1);
+    f.swap->hold(0, {2});
+    f.chunk(2).fill_(9.0f);
+    f.swap->unhold(0, {2}, true);
+    f.swap->trim();  // its write is in flight
+    const at::Tensor v = Fixture::fresh(2);
+    f.swap->store(0, 0, v);
+    f.swap->prefetch(0, {0, 1, 2});
+    f.swap->store(0, 5000, v.narrow(0, 5000, 300));
+    f.swap->hold(0, {0, 1, 2});  // more chunks than buffers
+    for (int64_t t = 0; t < 3; ++t) CHECK(at::equal(f.chunk(t), f.part(v, t)));
+    f.swap->unhold(0, {0, 1, 2}, false);
+    f.swap->trim();
+    CHECK(f.swap->counters().resident_numel == 0);
+    CHECK(f.host_bytes() == 0);
+    CHECK(f.swap->counters().peak_lent == 1);
+  }
+}
+
+TEST_CASE("a hold that fails is not left held, and a hold ended twice is named") {
+  SECTION("a write error while making room") {
+    Fixture f(0, {false, false, false}, 100000, 1);
+    f.swap->hold_all();
+    f.swap->unhold_all(true);  // all three changed and in host memory; none has left yet
+    f.swap->engine().inject_fault(parse_aio_fault("eio:write:1", "test"));
+    // Chunk 1 needs no read; making room writes 0 and 2 out, and the first write fails.
+    CHECK_THROWS_WITH(f.swap->hold(0, {1}), Catch::Contains("Input/output error"));
+    try {
+      f.swap->settle();
+    } catch (const Error&) {
+    }
+    f.swap->trim();  // 1 is held by nobody: it leaves (the failed chunk is lost until rewritten)
+    CHECK(f.swap->counters().resident_numel == 0);
+  }
+  SECTION("an end without a hold") {
+    Fixture f(0);
+    f.read(0);
+    f.swap->unhold(0, {0}, false);
+    CHECK_THROWS_WITH(f.swap->hold(0, {1}), Catch::Contains("group 0 tensor 0 ended more often than it began"));
+  }
 }
