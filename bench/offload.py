@@ -1,5 +1,6 @@
 """CPU and NVMe offload benchmark (issues 19 and 20): zeroshard stages 2 and 3 with and without
-offload_optimizer / offload_param "cpu", and stage 3 with offload_optimizer "nvme", against DeepSpeed's
+offload_optimizer / offload_param "cpu", and stage 3 with offload_optimizer "nvme" (and offload_param
+"nvme" too: "-nvme-op"), against DeepSpeed's
 ZeRO-Offload / ZeRO-Infinity on its CPU accelerator, on the same ~100M GPT as bench/zero_step.py (whose
 helpers it imports), world 2, CPU/Gloo, one thread per rank, each implementation in its own pair of
 processes.
@@ -8,10 +9,14 @@ processes.
     python3 bench/offload.py --impls ds2-oo ds3-oo-op --tiny --steps 2 --json out.json
     python3 bench/offload.py --impls zs3-oo zs3-nvme ds3-oo ds3-nvme --sub-group-size 10000000 \
         --ds-buffer-count 12                                  # issue 20's NVMe comparison
+    python3 bench/offload.py --impls zs3-oo-op zs3-nvme-op ds3-oo-op ds3-nvme-op --dtype bf16 \
+        --sub-group-size 10000000 --ds-buffer-count 12 --max-in-cpu 0 \
+        --ds-param-buffer-count 128 --ds-param-buffer-size 2500000   # parameters on NVMe too
 
 NVMe ("-nvme"): offload_optimizer {"device": "nvme", "nvme_path": a fresh directory made under
 --nvme-dir for each run (removed after it), "pipeline_read"/"pipeline_write": true, "buffer_count":
---buffer-count}, and DeepSpeed's default "aio" block (block_size 1 MiB, queue_depth 8,
+--buffer-count}; with "-nvme-op" also offload_param {"device": "nvme", the same path, "max_in_cpu":
+--max-in-cpu, buffer_count and buffer_size at DeepSpeed's defaults 5 and 1e8}; and DeepSpeed's default "aio" block (block_size 1 MiB, queue_depth 8,
 intra_op_parallelism 1, single_submit false, overlap_events true) for both libraries. --sub-group-size
 goes to every implementation of the run, so CPU and NVMe offload step the same sub-groups. "NVMe MB"
 is the space the swap files take (st_blocks) under that directory after the warm-up, both ranks.
@@ -58,22 +63,24 @@ sys.path.insert(0, HERE)
 from zero_step import (DS_PYTHON_DEFAULT, ROOT, _batch, _ds_config, _error_line,  # noqa: E402
                        _free_port, reachable_tensor_bytes)
 
-# name -> (label, stage, offload_optimizer device or None, offload_param to cpu)
+# name -> (label, stage, offload_optimizer device or None, offload_param device or None)
 IMPLS = {
-    "zs2": ("zeroshard", 2, None, False),
-    "zs2-oo": ("zeroshard", 2, "cpu", False),
-    "ds2": ("DeepSpeed", 2, None, False),
-    "ds2-oo": ("DeepSpeed", 2, "cpu", False),
-    "zs3": ("zeroshard", 3, None, False),
-    "zs3-oo": ("zeroshard", 3, "cpu", False),
-    "zs3-oo-op": ("zeroshard", 3, "cpu", True),
-    "zs3-nvme": ("zeroshard", 3, "nvme", False),
-    "ds3": ("DeepSpeed", 3, None, False),
-    "ds3-oo": ("DeepSpeed", 3, "cpu", False),
-    "ds3-oo-op": ("DeepSpeed", 3, "cpu", True),
-    "ds3-nvme": ("DeepSpeed", 3, "nvme", False),  # DeepSpeed swaps optimizer state at stage 3 only
+    "zs2": ("zeroshard", 2, None, None),
+    "zs2-oo": ("zeroshard", 2, "cpu", None),
+    "ds2": ("DeepSpeed", 2, None, None),
+    "ds2-oo": ("DeepSpeed", 2, "cpu", None),
+    "zs3": ("zeroshard", 3, None, None),
+    "zs3-oo": ("zeroshard", 3, "cpu", None),
+    "zs3-oo-op": ("zeroshard", 3, "cpu", "cpu"),
+    "zs3-nvme": ("zeroshard", 3, "nvme", None),
+    "zs3-nvme-op": ("zeroshard", 3, "nvme", "nvme"),
+    "ds3": ("DeepSpeed", 3, None, None),
+    "ds3-oo": ("DeepSpeed", 3, "cpu", None),
+    "ds3-oo-op": ("DeepSpeed", 3, "cpu", "cpu"),
+    "ds3-nvme": ("DeepSpeed", 3, "nvme", None),  # DeepSpeed swaps optimizer state at stage 3 only
+    "ds3-nvme-op": ("DeepSpeed", 3, "nvme", "nvme"),
 }
-DEFAULT_IMPLS = [k for k in IMPLS if not k.endswith("-nvme")]
+DEFAULT_IMPLS = [k for k in IMPLS if "-nvme" not in k]
 # DeepSpeed's "aio" defaults (runtime/swap_tensor/constants.py, 0.19.8); zeroshard's are the same.
 AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
                 "overlap_events": True}
@@ -99,10 +106,15 @@ def offload_config(a, impl):
     elif opt_dev == "nvme":
         extra["offload_optimizer"] = {"device": "nvme", "nvme_path": a.nvme_path, "pipeline_read": True,
                                       "pipeline_write": True, "buffer_count": buffer_count(a, impl)}
-    if param_off:
+    if param_off == "cpu":
         extra["offload_param"] = {"device": "cpu"}
+    elif param_off == "nvme":
+        extra["offload_param"] = {"device": "nvme", "nvme_path": a.nvme_path, "max_in_cpu": a.max_in_cpu}
+        if impl.startswith("ds") and a.ds_param_buffer_count:  # see --ds-param-buffer-count
+            extra["offload_param"].update({"buffer_count": a.ds_param_buffer_count,
+                                           "buffer_size": a.ds_param_buffer_size})
     config = _ds_config(a, stage, extra)
-    if opt_dev == "nvme":
+    if "nvme" in (opt_dev, param_off):
         config["aio"] = dict(AIO_DEFAULTS)
     return config
 
@@ -232,7 +244,8 @@ def worker(a):
 # ----------------------------------------------------------------------------------------------
 
 WORKER_ARGS = ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "micro", "warmup", "steps", "dtype",
-               "lr", "reduce_bucket_size", "sub_group_size", "buffer_count", "ds_buffer_count")
+               "lr", "reduce_bucket_size", "sub_group_size", "buffer_count", "ds_buffer_count", "max_in_cpu",
+               "ds_param_buffer_count", "ds_param_buffer_size")
 
 
 def run_impl(impl, a, result_dir):
@@ -242,7 +255,7 @@ def run_impl(impl, a, result_dir):
     for k in WORKER_ARGS:
         argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
     nvme_dir = None
-    if IMPLS[impl][2] == "nvme":  # a fresh swap directory on the disk under test, removed after the run
+    if "nvme" in IMPLS[impl][2:]:  # a fresh swap directory on the disk under test, removed after the run
         nvme_dir = tempfile.mkdtemp(prefix=f"{impl}.", dir=a.nvme_dir)
         argv += ["--nvme-path", nvme_dir]
     env = dict(os.environ, WORLD_SIZE=str(a.world), LOCAL_SIZE=str(a.world), MASTER_ADDR="127.0.0.1",
@@ -290,7 +303,8 @@ def measure(impl, a, result_dir):
 def summarize(res, a):
     label, stage, opt_dev, param_off = IMPLS[res["impl"]]
     nvme = f" (nvme, buffer_count {buffer_count(a, res['impl'])})" if opt_dev == "nvme" else ""
-    offload = "+".join(n for n, on in (("optimizer" + nvme, opt_dev), ("param", param_off)) if on) or "none"
+    param = f" (nvme, max_in_cpu {a.max_in_cpu})" if param_off == "nvme" else ""
+    offload = "+".join(n for n, on in (("optimizer" + nvme, opt_dev), ("param" + param, param_off)) if on) or "none"
     row = {"impl": res["impl"], "label": label, "stage": stage, "offload": offload, "ok": res["ok"],
            "rcs": res["rcs"]}
     if not res["ok"]:
@@ -345,9 +359,9 @@ def print_table(rows):
     for impl, r in by.items():
         if not (impl.startswith("zs") and "-" in impl):
             continue
-        nvme = impl.endswith("-nvme")
+        nvme = "-nvme" in impl
         # targets: CPU offload / none at most 1.10 (issue 19), NVMe / CPU offload at most 1.2 (issue 20)
-        base, what = ((by.get(impl[:-4] + "oo"), "NVMe / CPU offload") if nvme
+        base, what = ((by.get(impl.replace("-nvme", "-oo")), "NVMe / CPU offload") if nvme
                       else (by.get(impl.split("-")[0]), "offload / no offload"))
         if base:
             print(f"{impl}: {what} (stage {r['stage']}): total {r['total_ms'] / base['total_ms']:.2f}, "
@@ -385,6 +399,14 @@ def main():
     p.add_argument("--ds-buffer-count", dest="ds_buffer_count", type=int, default=0,
                    help="DeepSpeed's buffer_count where it differs (0: --buffer-count); DeepSpeed's buffers "
                         "hold one tensor each (master, a moment or the gradient), zeroshard's a whole sub-group")
+    p.add_argument("--max-in-cpu", dest="max_in_cpu", type=int, default=0,
+                   help="offload_param.max_in_cpu of the -nvme-op runs (0: every chunk goes back to disk after use)")
+    p.add_argument("--ds-param-buffer-count", dest="ds_param_buffer_count", type=int, default=0,
+                   help="DeepSpeed's offload_param.buffer_count in the -nvme-op runs (0: its default 5). Its "
+                        "parameter swapper takes one buffer per parameter swapped in, the prefetched ones "
+                        "included, so the default stops it on a 100M GPT ('Not enough buffers')")
+    p.add_argument("--ds-param-buffer-size", dest="ds_param_buffer_size", type=int, default=100000000,
+                   help="DeepSpeed's offload_param.buffer_size (elements) where --ds-param-buffer-count is given")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--ds-python", dest="ds_python", default=DS_PYTHON_DEFAULT)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per implementation")

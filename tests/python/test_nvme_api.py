@@ -111,12 +111,17 @@ def test_two_parameter_groups_with_part_of_the_state_on_nvme(tmp_path):
 
 # ----- after an I/O error: no half-written checkpoint, and no step on a half-updated state ------
 
-def save_fault_worker(root, nvme_path):
+def save_fault_worker(root, nvme_path, engine_kind):
+    """`engine_kind`: whose read fails, the optimizer state's or (stage 3, parameters on NVMe with
+    none kept in host memory) a parameter chunk's."""
     import zeroshard
-    engine = W.build("gpt", _cfg(2, _nvme(nvme_path)))
-    W.train(engine, "gpt", 0, 2)
+    params = engine_kind == "param"
+    stage, model = (3, "gpt-wide") if params else (2, "gpt")
+    offload = _nvme_params(nvme_path, max_in_cpu=0) if params else _nvme(nvme_path)
+    engine = W.build(model, _cfg(stage, offload))
+    W.train(engine, model, 0, 2)
     engine.save_checkpoint(root, tag="good")
-    engine._core.inject_nvme_fault("eio:read:1")  # the save's first read of the state fails
+    engine._core.inject_nvme_fault("eio:read:1", engine_kind)  # the save's first read fails
     with pytest.raises(RuntimeError, match=r"Input/output error"):
         engine.save_checkpoint(root, tag="bad")
     assert not os.path.exists(os.path.join(root, "bad")), os.listdir(root)
@@ -125,17 +130,18 @@ def save_fault_worker(root, nvme_path):
     # The failed save changed nothing: the next one holds the state the run goes on from.
     engine.save_checkpoint(root, tag="again")
     want = W.snapshot(engine)
-    fresh = W.build("gpt", _cfg(2, _nvme(nvme_path)))
+    fresh = W.build(model, _cfg(stage, offload))
     fresh.load_checkpoint(root, tag="again")
     _assert_close(W.snapshot(fresh), want, "reloaded", tol=0.0)
     return zeroshard is not None
 
 
-def test_a_save_that_meets_an_io_error_leaves_no_checkpoint_and_the_next_one_is_whole(tmp_path):
+@pytest.mark.parametrize("engine_kind", ["optimizer", "param"])
+def test_a_save_that_meets_an_io_error_leaves_no_checkpoint_and_the_next_one_is_whole(tmp_path, engine_kind):
     root, nvme = tmp_path / "ck", tmp_path / "nvme"
     root.mkdir()
     nvme.mkdir()
-    run_distributed(save_fault_worker, 1, str(root), str(nvme))
+    run_distributed(save_fault_worker, 1, str(root), str(nvme), engine_kind)
 
 
 def step_fault_worker(root, nvme_path):
