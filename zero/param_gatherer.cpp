@@ -279,8 +279,8 @@ int64_t ParamGatherer::start_gather(int64_t g, const std::vector<int64_t>& membe
   x.group = g;
   x.members = members;
   // Parameters on NVMe: the chunks are in host memory while this reads them. Every read of them
-  // below is done when it returns: the copies up (all_gather) and at::cat are synchronous on the
-  // host, and on CUDA a copy from pageable memory has taken its source when it returns.
+  // below is done when it returns: at::cat and the copies up (all_gather waits for them with
+  // chunks on NVMe) are synchronous on the host.
   std::vector<int64_t> held;
   if (swap_) {
     for (int64_t i : members) {
@@ -345,8 +345,12 @@ CommWork ParamGatherer::all_gather(const FlatGroup& group, Gather& x, at::Tensor
   // On the copy stream: the copy up and the collective reading it wait for each other only, and
   // the compute stream waits for the collective when complete_gather waits for its work. On a
   // CPU-only run the copy is a host copy. The staged chunk lives until the gather completes.
+  // Chunks on NVMe are copied up before this returns (the host waits for the copy stream): their
+  // pages may be given back right after, and an asynchronous copy from pageable memory is not
+  // promised to have read its source when it returns.
+  const bool wait = group.params_on_nvme();
   up_->on_copy_stream([&] {
-    at::Tensor staged = in.to(group.device_options(), /*non_blocking=*/true, /*copy=*/true);
+    at::Tensor staged = in.to(group.device_options(), /*non_blocking=*/!wait, /*copy=*/true);
     x.staged_bytes += staged.nbytes();
     memory_.add(MemoryCategory::comm_buffers, staged.nbytes());
     x.staged.push_back(staged);

@@ -320,6 +320,12 @@ void ParamSwap::hold_all() {
     }
   } catch (...) {
     for (const auto& [g, t] : taken) unhold(g, {t}, false);
+    try {
+      trim();  // what the rolled-back holds brought in leaves again
+    } catch (const Error&) {
+      // The first error is the one to report; a chunk whose write failed here stays in host
+      // memory, changed, and the next trim writes it again.
+    }
     throw;
   }
   all_held_ = true;

@@ -179,13 +179,17 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.core.end_entries(False)
             raise
-        if not stepped:
-            self.core.drop_optimizer_state()  # saved before the first step: so is this run now
-        with torch.no_grad():
-            for key, live in keys.items():
-                live.copy_(values[key])
-        for group, hyper in zip(self.param_groups, state_dict["param_groups"]):
-            group.update({k: v for k, v in hyper.items() if k != "params"})
+        try:
+            if not stepped:
+                self.core.drop_optimizer_state()  # saved before the first step: so is this run now
+            with torch.no_grad():
+                for key, live in keys.items():
+                    live.copy_(values[key])
+            for group, hyper in zip(self.param_groups, state_dict["param_groups"]):
+                group.update({k: v for k, v in hyper.items() if k != "params"})
+        except BaseException:
+            self.core.end_entries(False)  # nothing more is held in host memory for the load
+            raise
         self.core.after_load()
 
     def __repr__(self):

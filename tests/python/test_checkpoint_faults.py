@@ -294,8 +294,11 @@ def _rank1_manifest_bytes(engine):
     from zeroshard import _C
     from zeroshard.checkpoint.layout import RunView, rank_items
     with tempfile.TemporaryDirectory() as scratch:
-        manifest = _C.checkpoint.write_shard_file(os.path.join(scratch, "rank00001.safetensors"),
-                                                  rank_items(RunView.of(engine), False))
+        try:
+            manifest = _C.checkpoint.write_shard_file(os.path.join(scratch, "rank00001.safetensors"),
+                                                      rank_items(RunView.of(engine), False))
+        finally:
+            engine._core.end_entries(False)  # rank_items' caller ends the entries (as save.py)
         return len(manifest.to_json().encode())
 
 
