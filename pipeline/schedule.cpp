@@ -1,0 +1,330 @@
+// Builds the per-rank instruction lists of each pipeline schedule; see schedule.h.
+// Each schedule is first a per-rank order of compute passes (the part the papers define); one
+// simulation then places every send and receive, the same for all schedules.
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "runtime/error.h"
+
+namespace zeroshard::pipeline {
+
+namespace {
+
+// A compute pass: forward, backward, backward_input or backward_weight.
+struct Pass {
+  Op op;
+  int micro_batch;
+  int chunk;
+};
+using PassOrder = std::vector<Pass>;
+
+// The k-th forward (or backward) of an interleaved rank, in Megatron-LM's order
+// (forward_backward_pipelining_with_interleaving): micro-batches go through the chunks in groups
+// of p, forwards chunk 0 first, backwards the last chunk first. With v = 1 this is micro-batch k.
+Pass interleaved_pass(Op op, int k, const PipelineShape& shape) {
+  const int p = shape.num_stages, v = shape.virtual_stages;
+  const int group = k / (p * v), in_group = k % (p * v);
+  int chunk = in_group / p;
+  if (op != Op::forward) chunk = v - 1 - chunk;
+  return {op, group * p + in_group % p, chunk};
+}
+
+// Warm-up forwards, then one forward and one backward at a time, then the remaining backwards.
+// With v = 1 this is DeepSpeed's TrainSchedule (p - r - 1 warm-up forwards on rank r, so rank r
+// holds at most p - r activations). With v > 1 it is Megatron-LM's interleaved schedule, whose
+// warm-up is 2(p - r - 1) + (v - 1)p chunk-forwards.
+PassOrder one_f_one_b_order(const PipelineShape& shape, int rank) {
+  const int p = shape.num_stages, v = shape.virtual_stages;
+  const int total = v * shape.num_micro_batches;
+  const int ideal_warmup = v == 1 ? p - rank - 1 : 2 * (p - rank - 1) + (v - 1) * p;
+  const int warmup = std::min(ideal_warmup, total);
+  PassOrder order;
+  for (int k = 0; k < warmup; ++k) order.push_back(interleaved_pass(Op::forward, k, shape));
+  for (int k = 0; k < total - warmup; ++k) {
+    order.push_back(interleaved_pass(Op::forward, k + warmup, shape));
+    order.push_back(interleaved_pass(Op::backward, k, shape));
+  }
+  for (int k = std::max(total - warmup, 0); k < total; ++k)
+    order.push_back(interleaved_pass(Op::backward, k, shape));
+  return order;
+}
+
+PassOrder gpipe_order(const PipelineShape& shape) {
+  PassOrder order;
+  for (int mb = 0; mb < shape.num_micro_batches; ++mb) order.push_back({Op::forward, mb, 0});
+  for (int mb = 0; mb < shape.num_micro_batches; ++mb) order.push_back({Op::backward, mb, 0});
+  return order;
+}
+
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 3.1; the same order as
+// torch.distributed.pipelining's ScheduleInterleavedZeroBubble with one chunk): 1F1B's order
+// with each backward split into B (input gradient) and W (weight gradient), rank r running W of
+// micro-batch k only after B of micro-batch k + r. Later ranks get their gradients sooner, so
+// their deferred W's fill the cool-down bubble that earlier ranks wait in. B frees the
+// activation as in 1F1B, so the peak stays at 1F1B's p - r; the bubble shrinks from
+// (p-1)(F+B+W) to (p-1)(F+B-W).
+PassOrder zero_bubble_order(const PipelineShape& shape, int rank) {
+  PassOrder order;
+  int next_weight = 0;
+  for (Pass pass : one_f_one_b_order(shape, rank)) {
+    if (pass.op == Op::forward) {
+      order.push_back(pass);
+      continue;
+    }
+    order.push_back({Op::backward_input, pass.micro_batch, 0});
+    if (pass.micro_batch >= rank) order.push_back({Op::backward_weight, next_weight++, 0});
+  }
+  while (next_weight < shape.num_micro_batches)
+    order.push_back({Op::backward_weight, next_weight++, 0});
+  return order;
+}
+
+PassOrder pass_order(ScheduleKind kind, const PipelineShape& shape, int rank) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return gpipe_order(shape);
+    case ScheduleKind::one_f_one_b:
+    case ScheduleKind::interleaved_1f1b: return one_f_one_b_order(shape, rank);
+    case ScheduleKind::zero_bubble: return zero_bubble_order(shape, rank);
+  }
+  ZS_CHECK(false, "unknown schedule kind ", static_cast<int>(kind));
+  return {};
+}
+
+// A tensor a finished pass owes a neighbouring stage on another rank.
+struct Message {
+  Op send;  // send_activation or send_gradient
+  int micro_batch;
+  int chunk;       // the sender's
+  int to_rank;
+  int to_chunk;
+};
+
+struct RankRun {
+  PassOrder order;
+  size_t next = 0;
+  bool busy = false;
+  double busy_until = 0;
+  Pass running{Op::forward, 0, 0};
+  std::deque<Message> outbox;
+  std::vector<Instruction> list;
+};
+
+// Places sends and receives by simulating all ranks with unit costs. A send and its receive are
+// appended to both lists at the same simulated moment, only when neither rank is inside a pass,
+// so the lists are projections of one global order in which every send meets its receive: that
+// order is a witness that they run under rendezvous semantics (and so with buffered sends too),
+// whatever the real costs. A rank whose receiver is busy goes on computing and sends later, so
+// no pass waits on a send.
+class Placement {
+ public:
+  Placement(const PipelineShape& shape, std::vector<PassOrder> orders) : shape_(shape) {
+    const size_t cells = size_t(shape.num_global_stages()) * shape.num_micro_batches;
+    activation_in_.assign(cells, false);
+    gradient_in_.assign(cells, false);
+    ranks_.resize(orders.size());
+    for (size_t r = 0; r < orders.size(); ++r) ranks_[r].order = std::move(orders[r]);
+  }
+
+  std::vector<std::vector<Instruction>> run() {
+    double now = 0;
+    for (;;) {
+      for (int r = 0; r < int(ranks_.size()); ++r) finish_pass(r, now);
+      deliver();
+      bool running = false;
+      for (int r = 0; r < int(ranks_.size()); ++r) running |= start_pass(r, now);
+      double next = std::numeric_limits<double>::infinity();
+      for (const RankRun& rank : ranks_)
+        if (rank.busy) next = std::min(next, rank.busy_until);
+      if (!running && next == std::numeric_limits<double>::infinity()) break;
+      now = next;
+    }
+    std::vector<std::vector<Instruction>> lists;
+    for (int r = 0; r < int(ranks_.size()); ++r) {
+      RankRun& rank = ranks_[r];
+      ZS_CHECK(rank.next == rank.order.size() && rank.outbox.empty(), "schedule builder: rank ",
+               r, " is stuck before pass ", rank.next, " of ", rank.order.size());
+      for (Op op : {Op::reduce_tied, Op::reduce_data_parallel, Op::optimizer_step})
+        rank.list.push_back({op});
+      lists.push_back(std::move(rank.list));
+    }
+    return lists;
+  }
+
+ private:
+  size_t cell(int stage, int micro_batch) const {
+    return size_t(stage) * shape_.num_micro_batches + micro_batch;
+  }
+
+  bool ready(int rank, const Pass& pass) const {
+    const int stage = shape_.global_stage(rank, pass.chunk);
+    if (pass.op == Op::forward) return stage == 0 || activation_in_[cell(stage, pass.micro_batch)];
+    if (pass.op == Op::backward_weight) return true;  // its backward_input ran on this rank
+    return stage == shape_.num_global_stages() - 1 || gradient_in_[cell(stage, pass.micro_batch)];
+  }
+
+  bool start_pass(int r, double now) {
+    RankRun& rank = ranks_[r];
+    if (rank.busy) return true;
+    if (rank.next == rank.order.size() || !ready(r, rank.order[rank.next])) return false;
+    const Pass pass = rank.order[rank.next++];
+    const int stage = shape_.global_stage(r, pass.chunk);
+    // The first stage loads the inputs, the last the labels (one load when they are one stage).
+    if (pass.op == Op::forward && (stage == 0 || stage == shape_.num_global_stages() - 1))
+      rank.list.push_back({Op::load_micro_batch, pass.micro_batch, pass.chunk});
+    rank.list.push_back({pass.op, pass.micro_batch, pass.chunk});
+    rank.busy = true;
+    rank.running = pass;
+    rank.busy_until = now + InstructionCosts{}.of(pass.op);
+    return true;
+  }
+
+  void finish_pass(int r, double now) {
+    RankRun& rank = ranks_[r];
+    if (!rank.busy || rank.busy_until > now) return;
+    rank.busy = false;
+    const Pass pass = rank.running;
+    const int stage = shape_.global_stage(r, pass.chunk);
+    int to_stage = -1;
+    Op send = Op::send_activation;
+    if (pass.op == Op::forward && stage + 1 < shape_.num_global_stages()) {
+      to_stage = stage + 1;
+    } else if ((pass.op == Op::backward || pass.op == Op::backward_input) && stage > 0) {
+      to_stage = stage - 1;
+      send = Op::send_gradient;
+    }
+    if (to_stage < 0) return;
+    const int to_rank = shape_.rank_of(to_stage), to_chunk = shape_.chunk_of(to_stage);
+    if (to_rank == r) {
+      arrived(send, to_stage, pass.micro_batch);  // one rank (p = 1): handed over in memory
+    } else {
+      rank.outbox.push_back({send, pass.micro_batch, pass.chunk, to_rank, to_chunk});
+    }
+  }
+
+  // Every owed tensor whose two ranks are both between passes changes hands now.
+  void deliver() {
+    for (int r = 0; r < int(ranks_.size()); ++r) {
+      RankRun& rank = ranks_[r];
+      if (rank.busy) continue;
+      for (auto it = rank.outbox.begin(); it != rank.outbox.end();) {
+        RankRun& peer = ranks_[it->to_rank];
+        if (peer.busy) {
+          ++it;
+          continue;
+        }
+        const Op receive =
+            it->send == Op::send_activation ? Op::receive_activation : Op::receive_gradient;
+        rank.list.push_back({it->send, it->micro_batch, it->chunk, it->to_rank});
+        peer.list.push_back({receive, it->micro_batch, it->to_chunk, r});
+        arrived(it->send, shape_.global_stage(it->to_rank, it->to_chunk), it->micro_batch);
+        it = rank.outbox.erase(it);
+      }
+    }
+  }
+
+  void arrived(Op send, int stage, int micro_batch) {
+    auto& flags = send == Op::send_activation ? activation_in_ : gradient_in_;
+    flags[cell(stage, micro_batch)] = true;
+  }
+
+  PipelineShape shape_;
+  std::vector<RankRun> ranks_;
+  std::vector<bool> activation_in_;  // per (global stage, micro-batch): received by that stage
+  std::vector<bool> gradient_in_;
+};
+
+}  // namespace
+
+double InstructionCosts::of(Op op) const {
+  switch (op) {
+    case Op::forward: return forward;
+    case Op::backward: return backward;
+    case Op::backward_input: return backward_input;
+    case Op::backward_weight: return backward_weight;
+    case Op::send_activation:
+    case Op::receive_activation:
+    case Op::send_gradient:
+    case Op::receive_gradient: return communication;
+    default: return 0;
+  }
+}
+
+void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
+  ZS_REQUIRE(shape.num_stages >= 1, "num_stages: got ", shape.num_stages, ", expected >= 1");
+  ZS_REQUIRE(shape.num_micro_batches >= 1, "num_micro_batches: got ", shape.num_micro_batches,
+             ", expected >= 1");
+  ZS_REQUIRE(shape.virtual_stages >= 1, "virtual_stages: got ", shape.virtual_stages,
+             ", expected >= 1");
+  if (kind != ScheduleKind::interleaved_1f1b) {
+    ZS_REQUIRE(shape.virtual_stages == 1, "virtual_stages: got ", shape.virtual_stages,
+               ", expected 1 for schedule ", to_string(kind),
+               " (only interleaved_1f1b runs several model chunks per rank)");
+    return;
+  }
+  // Megatron-LM's order takes micro-batches through the chunks in groups of p.
+  ZS_REQUIRE(shape.num_micro_batches % shape.num_stages == 0,
+             "num_micro_batches: got ", shape.num_micro_batches,
+             ", expected a multiple of num_stages (", shape.num_stages,
+             ") for schedule interleaved_1f1b");
+}
+
+std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
+                                                          const PipelineShape& shape) {
+  validate_schedule_args(kind, shape);
+  std::vector<PassOrder> orders;
+  for (int r = 0; r < shape.num_stages; ++r) orders.push_back(pass_order(kind, shape, r));
+  return Placement(shape, std::move(orders)).run();
+}
+
+std::vector<Instruction> build_schedule(ScheduleKind kind, const PipelineShape& shape, int rank) {
+  validate_schedule_args(kind, shape);
+  ZS_REQUIRE(rank >= 0 && rank < shape.num_stages, "rank: got ", rank, ", expected 0..",
+             shape.num_stages - 1, " (num_stages ", shape.num_stages, ")");
+  return build_all_schedules(kind, shape)[rank];
+}
+
+bool is_send(Op op) { return op == Op::send_activation || op == Op::send_gradient; }
+bool is_receive(Op op) { return op == Op::receive_activation || op == Op::receive_gradient; }
+
+std::string to_string(Op op) {
+  switch (op) {
+    case Op::load_micro_batch: return "load_micro_batch";
+    case Op::forward: return "forward";
+    case Op::backward: return "backward";
+    case Op::backward_input: return "backward_input";
+    case Op::backward_weight: return "backward_weight";
+    case Op::send_activation: return "send_activation";
+    case Op::receive_activation: return "receive_activation";
+    case Op::send_gradient: return "send_gradient";
+    case Op::receive_gradient: return "receive_gradient";
+    case Op::reduce_tied: return "reduce_tied";
+    case Op::reduce_data_parallel: return "reduce_data_parallel";
+    case Op::optimizer_step: return "optimizer_step";
+  }
+  return "op(" + std::to_string(static_cast<int>(op)) + ")";
+}
+
+std::string to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return "gpipe";
+    case ScheduleKind::one_f_one_b: return "1f1b";
+    case ScheduleKind::interleaved_1f1b: return "interleaved_1f1b";
+    case ScheduleKind::zero_bubble: return "zero_bubble";
+  }
+  return "schedule(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+std::string describe(const Instruction& instruction) {
+  std::string text = to_string(instruction.op);
+  if (instruction.micro_batch != kNone)
+    text += " micro-batch " + std::to_string(instruction.micro_batch);
+  if (instruction.chunk != kNone) text += " chunk " + std::to_string(instruction.chunk);
+  if (is_send(instruction.op)) text += " to rank " + std::to_string(instruction.peer);
+  if (is_receive(instruction.op)) text += " from rank " + std::to_string(instruction.peer);
+  return text;
+}
+
+}  // namespace zeroshard::pipeline
