@@ -1,97 +1,23 @@
 // Builds the per-rank instruction lists of each pipeline schedule; see schedule.h.
-// Each schedule is first a per-rank order of compute passes (the part the papers define); one
-// simulation then places every send and receive, the same for all schedules.
+// Each schedule is first a per-rank order of compute passes (the part the papers define; one file
+// each in schedules/); one simulation then places every send and receive, the same for all
+// schedules.
 #include "pipeline/schedule.h"
 
 #include <algorithm>
 #include <deque>
 #include <limits>
 
+#include "pipeline/schedules/pass_order.h"
 #include "runtime/error.h"
 
 namespace zeroshard::pipeline {
 
 namespace {
 
-// A compute pass: forward, backward, backward_input or backward_weight.
-struct Pass {
-  Op op;
-  int micro_batch;
-  int chunk;
-};
-using PassOrder = std::vector<Pass>;
-
-// The k-th forward (or backward) of an interleaved rank, in Megatron-LM's order
-// (forward_backward_pipelining_with_interleaving): micro-batches go through the chunks in groups
-// of p, forwards chunk 0 first, backwards the last chunk first. With v = 1 this is micro-batch k.
-Pass interleaved_pass(Op op, int k, const PipelineShape& shape) {
-  const int p = shape.num_stages, v = shape.virtual_stages;
-  const int group = k / (p * v), in_group = k % (p * v);
-  int chunk = in_group / p;
-  if (op != Op::forward) chunk = v - 1 - chunk;
-  return {op, group * p + in_group % p, chunk};
-}
-
-// Warm-up forwards, then one forward and one backward at a time, then the remaining backwards.
-// With v = 1 this is DeepSpeed's TrainSchedule (p - r - 1 warm-up forwards on rank r, so rank r
-// holds at most p - r activations). With v > 1 it is Megatron-LM's interleaved schedule, whose
-// warm-up is 2(p - r - 1) + (v - 1)p chunk-forwards.
-PassOrder one_f_one_b_order(const PipelineShape& shape, int rank) {
-  const int p = shape.num_stages, v = shape.virtual_stages;
-  const int total = v * shape.num_micro_batches;
-  const int ideal_warmup = v == 1 ? p - rank - 1 : 2 * (p - rank - 1) + (v - 1) * p;
-  const int warmup = std::min(ideal_warmup, total);
-  PassOrder order;
-  for (int k = 0; k < warmup; ++k) order.push_back(interleaved_pass(Op::forward, k, shape));
-  for (int k = 0; k < total - warmup; ++k) {
-    order.push_back(interleaved_pass(Op::forward, k + warmup, shape));
-    order.push_back(interleaved_pass(Op::backward, k, shape));
-  }
-  for (int k = std::max(total - warmup, 0); k < total; ++k)
-    order.push_back(interleaved_pass(Op::backward, k, shape));
-  return order;
-}
-
-PassOrder gpipe_order(const PipelineShape& shape) {
-  PassOrder order;
-  for (int mb = 0; mb < shape.num_micro_batches; ++mb) order.push_back({Op::forward, mb, 0});
-  for (int mb = 0; mb < shape.num_micro_batches; ++mb) order.push_back({Op::backward, mb, 0});
-  return order;
-}
-
-// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 3.1; the same order as
-// torch.distributed.pipelining's ScheduleInterleavedZeroBubble with one chunk): 1F1B's order
-// with each backward split into B (input gradient) and W (weight gradient), rank r running W of
-// micro-batch k only after B of micro-batch k + r. Later ranks get their gradients sooner, so
-// their deferred W's fill the cool-down bubble that earlier ranks wait in. B frees the
-// activation as in 1F1B, so the peak stays at 1F1B's p - r; the bubble shrinks from
-// (p-1)(F+B+W) to (p-1)(F+B-W).
-PassOrder zero_bubble_order(const PipelineShape& shape, int rank) {
-  PassOrder order;
-  int next_weight = 0;
-  for (Pass pass : one_f_one_b_order(shape, rank)) {
-    if (pass.op == Op::forward) {
-      order.push_back(pass);
-      continue;
-    }
-    order.push_back({Op::backward_input, pass.micro_batch, 0});
-    if (pass.micro_batch >= rank) order.push_back({Op::backward_weight, next_weight++, 0});
-  }
-  while (next_weight < shape.num_micro_batches)
-    order.push_back({Op::backward_weight, next_weight++, 0});
-  return order;
-}
-
-PassOrder pass_order(ScheduleKind kind, const PipelineShape& shape, int rank) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return gpipe_order(shape);
-    case ScheduleKind::one_f_one_b:
-    case ScheduleKind::interleaved_1f1b: return one_f_one_b_order(shape, rank);
-    case ScheduleKind::zero_bubble: return zero_bubble_order(shape, rank);
-  }
-  ZS_CHECK(false, "unknown schedule kind ", static_cast<int>(kind));
-  return {};
-}
+using schedules::Pass;
+using schedules::PassOrder;
+using schedules::pass_order;
 
 // A tensor a finished pass owes a neighbouring stage on another rank.
 struct Message {
