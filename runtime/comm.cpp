@@ -212,6 +212,11 @@ CommWork Comm::broadcast(at::Tensor tensor, int root, const std::string& what) {
 }
 
 // send/recv involve two ranks, so the debug agreement check (over the whole group) skips them.
+void Comm::fail_here(const std::string& what, const std::string& cause) {
+  const auto d = begin(what, false);
+  monitor_->fail(seq_, d, CommFailure::backend, cause);
+}
+
 CommWork Comm::send(at::Tensor tensor, int dst_rank, int tag, const std::string& what) {
   check_tensor(tensor, "send", what);
   const auto d = begin(describe("send", tensor, what, detail::cat("to rank ", dst_rank)), false);

@@ -76,6 +76,10 @@ class Comm {
   CommWork send(at::Tensor tensor, int dst_rank, int tag, const std::string& what);
   CommWork recv(at::Tensor tensor, int src_rank, int tag, const std::string& what);
   void barrier(const std::string& what);
+  // A failure outside any collective (a pipeline stage's forward raised): numbered and published
+  // like a failed collective, so that the other ranks' errors name it, then thrown as CommError
+  // naming every rank's state. cause: the original error's text.
+  [[noreturn]] void fail_here(const std::string& what, const std::string& cause);
 
  private:
   // Numbers, records and publishes the next collective (and checks agreement in debug mode)

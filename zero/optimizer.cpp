@@ -226,11 +226,12 @@ void ZeroOptimizer::require_not_failed(const std::string& what) const {
   throw Error(detail::cat(what, ": refused, ", failed_));
 }
 
-StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples) {
+StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples,
+                                double duplicate_sum_sq) {
   require_not_failed("optimizer step");
   StepResult r;
   try {
-    r = step_->run(hypers, samples);
+    r = step_->run(hypers, samples, duplicate_sum_sq);
   } catch (const IoError& e) {
     // Some sub-groups may be updated and others not, and the step counters have moved: nothing
     // this rank holds is a consistent state any more (a checkpoint of it would be one).

@@ -82,7 +82,14 @@ class ZeroOptimizer {
   ParamCoordinator& coordinator();
   // The optimizer step at an accumulation boundary over `samples` samples (the global batch),
   // counted in the training state whether applied or skipped; the gradients start from zero after.
-  StepResult step(const std::vector<GroupHyper>& hypers, int64_t samples);
+  // duplicate_sum_sq: see ShardedStep::run.
+  StepResult step(const std::vector<GroupHyper>& hypers, int64_t samples, double duplicate_sum_sq = 0.0);
+  // Pipelines: the ranks of the other stages with this rank's data index (ShardedStep's
+  // set_model_parallel); the gradient norm is summed over them too.
+  void set_model_parallel(std::shared_ptr<Comm> across) {
+    across_ = std::move(across);
+    step_->set_model_parallel(across_.get());
+  }
   // Stages 0/1 forget the full gradients (the engine sets param.grad to None, and the next
   // backward writes them again); stages 2/3 zero the owned gradient shards.
   void zero_grad();
@@ -155,6 +162,7 @@ class ZeroOptimizer {
   std::unique_ptr<ParamCoordinator> coordinator_;  // stage 3
   TrainingState state_;
   std::unique_ptr<ShardedStep> step_;
+  std::shared_ptr<Comm> across_;  // set_model_parallel's
   std::unique_ptr<FullValues> full_values_;
   // Set when a step failed part-way with an I/O error: every later step and state read refuses.
   std::string failed_;

@@ -48,12 +48,24 @@ std::pair<bool, double> ShardedStep::inspect_gradients() {
 }
 
 double ShardedStep::global_sum_sq(double local_sum_sq) {
-  if (!strategy_.shards_optimizer_state() || comm_.world_size() == 1) return local_sum_sq;
-  // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
+  double sum_sq = local_sum_sq;
   // On the gradients' device: an NCCL group carries CUDA tensors only.
-  at::Tensor t = at::full({1}, local_sum_sq, groups_[0]->device_options().dtype(at::kDouble));
-  comm_.all_reduce(t, "gradient norm").wait();
-  return t.item<double>();
+  const auto options = groups_[0]->device_options().dtype(at::kDouble);
+  if (strategy_.shards_optimizer_state() && comm_.world_size() > 1) {
+    // One small all-reduce: an overflow on any rank arrives as +inf in the sum.
+    at::Tensor t = at::full({1}, sum_sq, options);
+    comm_.all_reduce(t, "gradient norm").wait();
+    sum_sq = t.item<double>();
+  }
+  // The stage's whole sum now (equal on its data-parallel ranks), so whole duplicates come off.
+  if (std::isfinite(sum_sq) && std::isfinite(duplicate_sum_sq_)) sum_sq = std::max(0.0, sum_sq - duplicate_sum_sq_);
+  else sum_sq = INFINITY;
+  if (across_ != nullptr && across_->world_size() > 1) {
+    at::Tensor t = at::full({1}, sum_sq, options);
+    across_->all_reduce(t, "gradient norm across pipeline stages").wait();
+    sum_sq = t.item<double>();
+  }
+  return sum_sq;
 }
 
 UpdatePiece ShardedStep::piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad) {
@@ -127,7 +139,8 @@ void ShardedStep::apply_per_tensor(const std::vector<GroupHyper>& hypers,
   }
 }
 
-StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t samples) {
+StepResult ShardedStep::run(const std::vector<GroupHyper>& hypers, int64_t samples, double duplicate_sum_sq) {
+  duplicate_sum_sq_ = duplicate_sum_sq;
   ZS_REQUIRE(hypers.size() == groups_.size(), "optimizer step: got ", hypers.size(),
              " parameter groups, the engine was initialized with ", groups_.size(),
              " (groups cannot be added after initialize)");

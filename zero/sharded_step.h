@@ -34,12 +34,18 @@ class ShardedStep {
 
   // Updates every shard with its group's hyperparameters, or skips the step (fp16 overflow);
   // counts it in the training state either way. The caller zeroes the gradients afterwards.
-  StepResult run(const std::vector<GroupHyper>& hypers, int64_t samples);
+  // duplicate_sum_sq: the sum of squares of gradients this rank holds that another stage of
+  // the pipeline holds too (a tied weight's copy on a later owner), left out of the norm.
+  StepResult run(const std::vector<GroupHyper>& hypers, int64_t samples, double duplicate_sum_sq = 0.0);
+  // A pipeline's other stages hold the rest of the model: the gradient norm (clipping, fp16
+  // overflow) is summed over `across` too, the ranks with this rank's data index in every stage.
+  void set_model_parallel(Comm* across) { across_ = across; }
 
  private:
   // Overflow flag and global sum of squares of the owned gradients.
   std::pair<bool, double> inspect_gradients();
-  // The owned slices' sum of squares summed over ranks when the state is sharded (+inf stays +inf).
+  // The owned slices' sum of squares summed over ranks when the state is sharded, less the
+  // duplicates, then over the pipeline's stages (+inf stays +inf).
   double global_sum_sq(double local_sum_sq);
   // The piece [begin, begin + numel) of group g's owned range.
   UpdatePiece piece(size_t g, int64_t begin, int64_t numel, const at::Tensor& grad);
@@ -59,6 +65,8 @@ class ShardedStep {
   const OptimizerRow& row_;
   TrainingState& state_;
   SubGroupRunner& runner_;
+  Comm* across_ = nullptr;        // set_model_parallel's
+  double duplicate_sum_sq_ = 0.0;  // this run's
 };
 
 }  // namespace zeroshard

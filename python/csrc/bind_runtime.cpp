@@ -112,6 +112,8 @@ void bind_runtime(py::module_& m) {
            },
            py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>())
+      .def("fail_here", &Comm::fail_here, py::arg("what"), py::arg("cause"),
+           py::call_guard<py::gil_scoped_release>())
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>());
 

@@ -115,6 +115,14 @@ void bind_zero(py::module_& m) {
     ck["use_node_local_storage"] = c->checkpoint.use_node_local_storage;
     ck["parallel_write_pipeline_stage"] = c->checkpoint.parallel_write_pipeline_stage;
     d["checkpoint"] = ck;
+    py::dict pipe;
+    pipe["stages"] = c->pipeline.stages;
+    pipe["schedule"] = c->pipeline.schedule;
+    pipe["virtual_stages"] = c->pipeline.virtual_stages;
+    pipe["activation_checkpoint_interval"] = c->pipeline.activation_checkpoint_interval;
+    pipe["seed_layers"] = c->pipeline.seed_layers;
+    d["pipeline"] = pipe;
+    d["cpu_checkpointing"] = c->activation_checkpointing.cpu_checkpointing;
     return d;
   });
 
@@ -249,16 +257,17 @@ void bind_zero(py::module_& m) {
       .def("abort_backward", &ZeroOptimizer::abort_backward, py::call_guard<py::gil_scoped_release>())
       .def("abort_forward", &ZeroOptimizer::abort_forward, py::call_guard<py::gil_scoped_release>())
       .def("step",
-           [](ZeroOptimizer& o, const py::list& groups, int64_t samples) {
+           [](ZeroOptimizer& o, const py::list& groups, int64_t samples, double duplicate_sum_sq) {
              const OptimizerRow& row = optimizer_row(o.optimizer().type);
              std::vector<GroupHyper> hypers;
              for (const auto& g : groups) {
                hypers.push_back(hyper_from_dict(g.cast<py::dict>(), hypers.size(), row));
              }
              py::gil_scoped_release release;
-             return o.step(hypers, samples);
+             return o.step(hypers, samples, duplicate_sum_sq);
            },
-           py::arg("param_groups"), py::arg("samples"))
+           py::arg("param_groups"), py::arg("samples"), py::arg("duplicate_sum_sq") = 0.0)
+      .def("set_model_parallel", &ZeroOptimizer::set_model_parallel, py::arg("across"))
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))
       .def("sub_groups", [](const ZeroOptimizer& o, int64_t g) {

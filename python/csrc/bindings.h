@@ -10,4 +10,5 @@ void bind_zero(pybind11::module_& m);      // bind_zero.cpp: ZeroOptimizer
 void bind_kernels(pybind11::module_& m);   // bind_kernels.cpp: CPU optimizer kernels
 void bind_checkpoint(pybind11::module_& m);  // bind_checkpoint.cpp: _C.checkpoint (storage)
 void bind_offload(pybind11::module_& m);   // bind_offload.cpp: _C.aio (the NVMe I/O engine)
+void bind_pipeline(pybind11::module_& m);  // bind_pipeline.cpp: _C.pipeline (schedules, partition)
 }  // namespace zeroshard::python

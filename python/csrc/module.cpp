@@ -25,4 +25,5 @@ PYBIND11_MODULE(_C, m) {
   zeroshard::python::bind_kernels(m);
   zeroshard::python::bind_checkpoint(m);
   zeroshard::python::bind_offload(m);
+  zeroshard::python::bind_pipeline(m);
 }

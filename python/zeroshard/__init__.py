@@ -16,7 +16,7 @@ _LAZY = {
 }
 
 # Submodules DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), deepspeed.ops.adam...).
-_SUBMODULES = ("comm", "ops", "launcher", "config", "engine", "zero", "utils")
+_SUBMODULES = ("comm", "ops", "launcher", "config", "engine", "zero", "utils", "pipe", "checkpointing")
 
 __all__ = sorted(_LAZY) + ["__version__"]
 

@@ -32,7 +32,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("initialize: model is required")
     if mesh_param is not None:
         raise ValueError("initialize: mesh_param (sequence/tensor-parallel meshes) is not supported")
-    engine = ZeroShardEngine(args=args, model=model, optimizer=optimizer,
+    from zeroshard.pipe.module import PipelineModule
+    engine_class = ZeroShardEngine
+    if isinstance(model, PipelineModule):
+        from zeroshard.pipe.engine import PipelineEngine
+        engine_class = PipelineEngine
+    engine = engine_class(args=args, model=model, optimizer=optimizer,
                              model_parameters=model_parameters, training_data=training_data,
                              lr_scheduler=lr_scheduler, distributed_port=distributed_port, mpu=mpu,
                              dist_init_required=dist_init_required, collate_fn=collate_fn,
@@ -65,11 +70,7 @@ class ZeroShardEngine(torch.nn.Module):
         init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required)
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else self.world_size
-        if self.dp_world_size != self.world_size:
-            raise ValueError(f"mpu: data-parallel size {self.dp_world_size} != world size "
-                             f"{self.world_size}; model (tensor/pipeline) parallelism through mpu "
-                             "is not supported yet, so every rank must be a data-parallel rank")
+        self.dp_world_size = self._data_parallel_size(mpu)
         tbs, micro, gas = self._config.resolve_batch(self.dp_world_size)
         self._train_batch_size, self._micro_batch_size, self._gas = tbs, micro, gas
         s = _C.engine_settings(self._config)
@@ -84,11 +85,14 @@ class ZeroShardEngine(torch.nn.Module):
                       "".join(f"\n  {c}" for c in changes) +
                       "\n  (ZEROSHARD_PRINT_CONFIG=1 prints the whole resolved config)", self.global_rank)
         _C.require_buildable(self._config)  # before the model is touched
+        if s["cpu_checkpointing"]:  # zeroshard.checkpointing.checkpoint keeps its inputs on the host
+            from zeroshard import checkpointing
+            checkpointing.configure(None, deepspeed_config=self.config)
 
         self.device = comm_device()
         self.module = model.to(self.device)
         self.dtype = PRECISIONS[s["precision"]]
-        self._comm = new_comm()
+        self._comm = self._make_comm()
         release_at_exit(self)
 
         self._client_optimizer = None  # a torch optimizer the script built, which never steps itself
@@ -98,7 +102,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             make_dataloader(training_data, self._micro_batch_size, self.dp_world_size,
-                            self.global_rank, collate_fn, s["dataloader_drop_last"])
+                            self._data_parallel_rank(), collate_fn, s["dataloader_drop_last"])
             if training_data is not None else None)
 
         self._boundary_override = None
@@ -118,6 +122,22 @@ class ZeroShardEngine(torch.nn.Module):
             log_rank0(f"NVMe {what}: I/O through {self._core.swap_backend}", self.global_rank)
 
     # ----- set-up -----
+    # The data-parallel axis; the pipeline engine (zeroshard/pipe/engine.py) overrides all three.
+    def _data_parallel_size(self, mpu):
+        size = mpu.get_data_parallel_world_size() if mpu is not None else self.world_size
+        if size != self.world_size:
+            raise ValueError(f"mpu: data-parallel size {size} != world size {self.world_size}; "
+                             "model (tensor/pipeline) parallelism through mpu is not supported, so "
+                             "every rank must be a data-parallel rank (pipelines: build a "
+                             "zeroshard.pipe.PipelineModule)")
+        return size
+
+    def _data_parallel_rank(self):
+        return self.global_rank
+
+    def _make_comm(self):
+        return new_comm()
+
     def _optimizer_spec(self, client_optimizer, model_parameters):
         if client_optimizer is not None and not isinstance(client_optimizer, torch.optim.Optimizer):
             if callable(client_optimizer):

@@ -126,6 +126,10 @@ struct PipelineConfig {           // DeepSpeed's "pipeline" block (runtime/confi
   int64_t activation_checkpoint_interval = 0;
   bool pipe_partitioned = true;
   bool grad_partitioned = true;
+  // zeroshard's keys: which instruction lists run (pipeline/schedule.h's names) and, for
+  // interleaved_1f1b, the model chunks per rank.
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zero_bubble
+  int64_t virtual_stages = 1;
 };
 
 struct CheckpointConfig {

@@ -23,6 +23,11 @@ void read_pipeline(Block& top, Config& c) {
   pc.activation_checkpoint_interval = p.get_int("activation_checkpoint_interval", pc.activation_checkpoint_interval, 0);
   pc.pipe_partitioned = p.get_bool("pipe_partitioned", pc.pipe_partitioned);
   pc.grad_partitioned = p.get_bool("grad_partitioned", pc.grad_partitioned);
+  pc.schedule = p.get_enum("schedule", pc.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"});
+  pc.virtual_stages = p.get_int("virtual_stages", pc.virtual_stages, 1);
+  if (pc.virtual_stages > 1 && pc.schedule != "interleaved_1f1b")
+    p.fail("virtual_stages", "got " + std::to_string(pc.virtual_stages) + " with schedule \"" + pc.schedule +
+                                 "\"; several model chunks per rank need \"schedule\": \"interleaved_1f1b\" (else 1)");
   p.finish();
 }
 
@@ -78,12 +83,13 @@ void read_activation_checkpointing(Block& top, Config& c) {
   // These change where activations live (memory): DeepSpeed's checkpointing API is not provided.
   a.reject_unless_default("partition_activations", false, "activation partitioning");
   a.reject_unless_default("contiguous_memory_optimization", false, "contiguous activation memory");
-  a.reject_unless_default("cpu_checkpointing", false, "CPU activation checkpointing");
+  // zeroshard.checkpointing keeps checkpointed inputs in host memory with it (engine or configure()).
+  ac.cpu_checkpointing = a.get_bool("cpu_checkpointing", ac.cpu_checkpointing);
   ac.number_checkpoints = a.get_opt_int("number_checkpoints", 0);
   ac.synchronize_checkpoint_boundary = a.get_bool("synchronize_checkpoint_boundary", ac.synchronize_checkpoint_boundary);
   if (ac.synchronize_checkpoint_boundary)
     top.ctx().warn_ignored(a.path_of("synchronize_checkpoint_boundary"), true,
-                           "zeroshard does not provide DeepSpeed's activation checkpointing API");
+                           "zeroshard does not synchronize the device at checkpoint boundaries (timing only)");
   ac.profile = a.get_bool("profile", ac.profile);
   if (ac.profile)
     top.ctx().warn_ignored(a.path_of("profile"), true, "zeroshard does not profile activation checkpointing");

@@ -215,9 +215,12 @@ TEST_CASE("error messages, exactly") {
       {with_batch(R"("compression_training": {"weight_quantization": {}})"),
        "ds_config.json: compression_training: got {\"weight_quantization\":{}}, expected no "
        "\"compression_training\" block (compression training: not supported by zeroshard)"},
-      {with_batch(R"("activation_checkpointing": {"cpu_checkpointing": true})"),
-       "ds_config.json: activation_checkpointing.cpu_checkpointing: got true, expected false (CPU activation "
-       "checkpointing: not supported by zeroshard)"},
+      {with_batch(R"("activation_checkpointing": {"partition_activations": true})"),
+       "ds_config.json: activation_checkpointing.partition_activations: got true, expected false (activation "
+       "partitioning: not supported by zeroshard)"},
+      {with_batch(R"("pipeline": {"schedule": "1f1b", "virtual_stages": 2})"),
+       "ds_config.json: pipeline.virtual_stages: got 2 with schedule \"1f1b\"; several model chunks per rank "
+       "need \"schedule\": \"interleaved_1f1b\" (else 1)"},
       // batch triplet
       {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1})",
        "ds_config.json: train_batch_size 32 != train_micro_batch_size_per_gpu 8 * gradient_accumulation_steps 1 "

@@ -65,6 +65,11 @@ HF_USES = [
     "from deepspeed import comm as dist; dist.get_rank",
     "from deepspeed import DeepSpeedEngine",
     "from deepspeed.runtime.engine import DeepSpeedEngine",
+    "from deepspeed.pipe import PipelineModule, LayerSpec, TiedLayerSpec",
+    "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, ProcessTopology",
+    "from deepspeed.runtime.pipe.engine import PipelineEngine",
+    "import deepspeed; deepspeed.checkpointing.checkpoint; deepspeed.checkpointing.configure",
+    "from deepspeed.runtime.activation_checkpointing import checkpointing",
     "import deepspeed.runtime.lr_schedules; deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES",
     "import deepspeed; deepspeed.initialize; deepspeed.zero.Init; deepspeed.zero.GatheredParameters; "
     "deepspeed.zero.register_external_parameter; deepspeed.runtime.zero.GatheredParameters",
@@ -77,7 +82,6 @@ REFUSED = [
      "deepspeed.runtime.sequence_parallel", "ImportError"),
     ("import deepspeed.moe", "deepspeed.moe", "ImportError"),
     ("import deepspeed.inference", "deepspeed.inference", "ImportError"),
-    ("from deepspeed.pipe import PipelineModule", "deepspeed.pipe", "ImportError"),
     ("import deepspeed; deepspeed.moe", "deepspeed.moe", "AttributeError"),  # so hasattr() is False
     ("import deepspeed; deepspeed.tp_model_init(model=None, tp_size=2)", "deepspeed.tp_model_init",
      "NotImplementedError"),
@@ -89,6 +93,8 @@ REFUSED = [
 ATTRIBUTE_PATHS = [
     "deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES",
     "deepspeed.runtime.engine.DeepSpeedEngine",
+    "deepspeed.pipe.PipelineModule",
+    "deepspeed.runtime.pipe.topology.PipeDataParallelTopology",
     "deepspeed.runtime.zero.GatheredParameters",
     "deepspeed.runtime.zero.partition_parameters.Init",
     "deepspeed.utils.zero_to_fp32",

@@ -11,7 +11,8 @@ from deepspeed._version import __version__
 version = __version__
 
 # This package's own submodules that DeepSpeed scripts reach as attributes (deepspeed.zero.Init).
-_SUBMODULES = ("accelerator", "checkpoint", "comm", "launcher", "ops", "runtime", "utils", "zero")
+_SUBMODULES = ("accelerator", "checkpoint", "checkpointing", "comm", "launcher", "ops", "pipe", "runtime",
+               "utils", "zero")
 
 
 def tp_model_init(*args, **kwargs):

@@ -20,9 +20,6 @@ UNSUPPORTED = {
         "use DeepSpeed itself"),
     "deepspeed.inference": _INFERENCE,
     "deepspeed.init_inference": _INFERENCE,
-    "deepspeed.pipe": (
-        "pipeline parallelism: PipelineModule, LayerSpec; not yet in zeroshard's Python API",
-        "train the model unsplit under ZeRO data parallelism, or use DeepSpeed itself"),
     "deepspeed.tp_model_init": (
         "tensor parallelism: AutoTP, tensor_parallel.autotp_size > 1",
         "remove tensor_parallel from the config (autotp_size 1), or use DeepSpeed itself"),

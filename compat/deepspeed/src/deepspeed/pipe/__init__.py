@@ -1,4 +1,7 @@
-"""Not supported by zeroshard: importing this fails with the reason (deepspeed/_unsupported.py)."""
-from deepspeed._unsupported import refuse_import
+"""deepspeed.pipe is zeroshard.pipe itself (one module object, so that patches applied here
+reach zeroshard): PipelineModule, LayerSpec, TiedLayerSpec, the topologies."""
+import sys
 
-refuse_import(__name__)
+import zeroshard.pipe as _module
+
+sys.modules[__name__] = _module

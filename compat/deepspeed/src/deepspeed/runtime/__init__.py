@@ -1,4 +1,5 @@
-"""deepspeed.runtime: DeepSpeed's engine, ZeRO and lr-schedule modules, each zeroshard's own."""
+"""deepspeed.runtime: DeepSpeed's engine, ZeRO, pipeline, activation checkpointing and lr-schedule
+modules, each zeroshard's own."""
 from deepspeed._lazy import submodule_getattr
 
-__getattr__ = submodule_getattr(__name__, ("engine", "lr_schedules", "zero"))
+__getattr__ = submodule_getattr(__name__, ("activation_checkpointing", "engine", "lr_schedules", "pipe", "zero"))

@@ -1,0 +1,236 @@
+"""DeepSpeed's PipelineEngine: the ZeRO engine (stage 0 or 1 across the data axis) over one
+pipeline stage's layers, driven by train_batch/eval_batch instead of forward/backward/step. Each
+step runs the rank's instruction list from C++ (_C.pipeline.build: gpipe, 1f1b,
+interleaved_1f1b or zero_bubble, checked deadlock-free before it runs) through TrainStep."""
+import torch
+
+from zeroshard import _C
+from zeroshard.comm import new_comm
+from zeroshard.engine import ZeroShardEngine
+from zeroshard.log import log_rank0
+from zeroshard.pipe import PipelineError
+from zeroshard.pipe.executor import TrainStep
+from zeroshard.pipe.p2p import StageLinks, as_tuple
+
+_TRAIN_ONLY = ("Only train_batch() and eval_batch() are accessible in pipeline mode: a pipeline "
+               "runs forward, backward and step for all micro-batches of a batch together")
+
+
+class PipelineEngine(ZeroShardEngine):
+    def __init__(self, model=None, **kwargs):
+        # Read by the overrides below, which run inside ZeroShardEngine.__init__ (a plain
+        # attribute: the module itself cannot be set before nn.Module's own __init__).
+        self._grid = model.mpu()
+        super().__init__(model=model, **kwargs)
+        settings = self._settings["pipeline"]
+        self._check_pipeline_config(settings)
+        self._schedule = settings["schedule"]
+        lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
+                                          self.module.virtual_stages)
+        self._instructions = lists[self.module.stage_id]
+        self._schedule_report = report
+        # Point-to-point goes over the world (global ranks), whose communicator has the store:
+        # a stage's failure is published there and named in every rank's error.
+        self._world_comm = new_comm()
+        self._links = StageLinks(self._world_comm, self.device)
+        # The gradient norm (clipping, fp16 overflow) covers every stage.
+        self._pipe_comm = new_comm(self._grid.get_pipe_parallel_group()) if self.module.num_stages > 1 else None
+        if self._pipe_comm is not None:
+            self._core.set_model_parallel(self._pipe_comm)
+        self.data_iterator = None
+        if self.training_dataloader is not None:
+            self.data_iterator = _repeat(self.training_dataloader)
+        peaks = report["peak_activations"]
+        log_rank0(f"pipeline: {self.module.num_stages} stages x {self.dp_world_size} data-parallel, "
+                  f"schedule {self._schedule}" + (f" with {self.module.virtual_stages} chunks per rank"
+                                                  if self.module.virtual_stages > 1 else "") +
+                  f", {self._gas} micro-batches per step; bubble {report['bubble_fraction']:.3f} at "
+                  f"unit costs, activations held at once per stage {peaks}", self.global_rank)
+
+    # ----- the axes (ZeroShardEngine's set-up calls these) -----
+    def _data_parallel_size(self, mpu):
+        stage = _C.engine_settings(self._config)["stage"]
+        if stage > 1:
+            raise ValueError(f"zero_optimization.stage: got {stage} with a PipelineModule; a "
+                             "pipeline runs with stage 0 or 1 across its data-parallel axis (stages "
+                             "2 and 3 reduce or gather every micro-batch, which the schedule's "
+                             "interleaving of micro-batches does not fit, as in DeepSpeed)")
+        if mpu is not None:
+            raise ValueError("initialize: mpu with a PipelineModule; the module's topology is the "
+                             "grid (PipelineModule(topology=...))")
+        return self._grid.get_data_parallel_world_size()
+
+    def _data_parallel_rank(self):
+        return self._grid.get_data_parallel_rank()
+
+    def _make_comm(self):
+        # One stage: the data axis is the world, whose communicator has the store (errors name
+        # every rank); a subgroup's cannot share it (its ranks' keys would collide).
+        if self._grid.get_pipe_parallel_world_size() == 1:
+            return new_comm()
+        return new_comm(self._grid.get_data_parallel_group())
+
+    def _check_pipeline_config(self, settings):
+        stages = settings["stages"]
+        if stages != "auto" and int(stages) != self.module.num_stages:
+            raise ValueError(f"pipeline.stages: got {stages}, the PipelineModule has "
+                             f"{self.module.num_stages} stages (num_stages / topology)")
+        if settings["virtual_stages"] != self.module.virtual_stages:
+            raise ValueError(f"pipeline.virtual_stages: got {settings['virtual_stages']}, the "
+                             f"PipelineModule was built with virtual_stages="
+                             f"{self.module.virtual_stages}; pass the same to both")
+        if settings["schedule"] == "interleaved_1f1b" and self._gas % self.module.num_stages:
+            raise ValueError(f"gradient_accumulation_steps: got {self._gas}; the interleaved_1f1b "
+                             "schedule takes micro-batches through the chunks in groups of "
+                             f"num_stages, so it must be a multiple of {self.module.num_stages}")
+        if self.module.virtual_stages > 1 and settings["schedule"] != "interleaved_1f1b":
+            raise ValueError(f"pipeline.schedule: got \"{settings['schedule']}\" for a PipelineModule "
+                             f"with virtual_stages={self.module.virtual_stages}; several model chunks "
+                             "per rank run only with \"interleaved_1f1b\"")
+
+    # ----- what DeepSpeed's pipeline engine refuses -----
+    def forward(self, *args, **kwargs):
+        raise PipelineError(_TRAIN_ONLY)
+
+    def backward(self, *args, **kwargs):
+        raise PipelineError(_TRAIN_ONLY)
+
+    def step(self, *args, **kwargs):
+        raise PipelineError(_TRAIN_ONLY)
+
+    # ----- DeepSpeed's queries -----
+    def is_first_stage(self):
+        return self.module.stage_id == 0
+
+    def is_last_stage(self):
+        return self.module.stage_id == self.module.num_stages - 1
+
+    @property
+    def num_stages(self):
+        return self.module.num_stages
+
+    @property
+    def stage_id(self):
+        return self.module.stage_id
+
+    @property
+    def grid(self):
+        return self._grid
+
+    @property
+    def micro_batches(self):
+        return self._gas
+
+    def set_dataiterator(self, iterator):
+        self.data_iterator = iterator
+
+    def schedule_report(self):
+        """The checker's report of this run's schedule (unit costs): peak activations per stage
+        and the bubble fraction."""
+        return dict(self._schedule_report)
+
+    # ----- data and loss -----
+    def _needs_data(self):
+        return self.module.stage_id in (0, (self.module.num_global_stages - 1) % self.module.num_stages)
+
+    def _next_micro_batch(self, data_iter, mb):
+        source = data_iter if data_iter is not None else self.data_iterator
+        if source is None:
+            raise ValueError("train_batch: no data; pass data_iter or initialize(training_data=...)")
+        batch = next(source)
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise ValueError(f"pipeline: micro-batch {mb} is {type(batch).__name__}"
+                             f"{' of ' + str(len(batch)) if isinstance(batch, (tuple, list)) else ''}; "
+                             "expected (inputs, labels), each a tensor or a tuple of tensors")
+        return tuple(_to(part, self.device) for part in batch)
+
+    def _loss_of(self, outputs, labels, mb):
+        if self.module.loss_fn is None:
+            loss = outputs  # the last layer computes the loss itself
+        else:
+            loss = self.module.loss_fn(outputs, labels)
+        if not (torch.is_tensor(loss) and loss.numel() == 1):
+            raise ValueError(f"pipeline: the loss of micro-batch {mb} is "
+                             f"{type(loss).__name__}{list(loss.shape) if torch.is_tensor(loss) else ''}; "
+                             "expected a one-element tensor (loss_fn(outputs, labels), or the last "
+                             "layer's output without loss_fn)")
+        return loss
+
+    def _report_stage_failure(self, error, what):
+        """Publishes `what` failed in the world communicator's store (other ranks' errors name
+        it) and adds the all-rank report to the error."""
+        try:
+            self._world_comm.fail_here(what, f"{type(error).__name__}: {error}")
+        except _C.CommError as report:
+            error.add_note(f"[zeroshard] {report}")
+
+    # ----- training -----
+    def train_batch(self, data_iter=None):
+        """Runs gradient_accumulation_steps micro-batches through the schedule and steps; returns
+        the mean loss (over micro-batches and data-parallel ranks) on every rank."""
+        self._refuse_if_destroyed()
+        self.module.train()
+        run = TrainStep(self, data_iter if self._needs_data() else None)
+        run.run(self._instructions)
+        loss = self._share_loss(run.losses)
+        self._step_after_schedule()
+        self._loss_sum = self._loss_sum + loss
+        self._loss_count += 1
+        return loss
+
+    def _step_after_schedule(self):
+        duplicate = 0.0
+        for key, stages, _ in self.module.tied_groups():
+            if self.module.stage_id != stages[0]:  # the first owner counts the tied weight
+                for w in self.module.tied_weights(key):
+                    duplicate += float(w.grad.double().pow(2).sum())
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self._last = self._core.step(groups, self._train_batch_size, duplicate)
+        self._drop_full_grads()
+        if self._last.applied:
+            self.optimizer._opt_called = True
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        for _ in range(self._gas):
+            self._core.state.count_micro_step()
+        self._maybe_print()
+
+    def _share_loss(self, losses):
+        """The last stage's mean loss, averaged over its data-parallel ranks, on every rank."""
+        last = (self.module.num_global_stages - 1) % self.module.num_stages
+        local = float(torch.stack(losses).float().mean()) if losses else 0.0
+        total = local if self.module.stage_id == last else 0.0
+        if self.dp_world_size > 1:
+            total = self._comm.all_reduce_values([total], str(self.device), "pipeline loss")[0] / self.dp_world_size
+        if self._pipe_comm is not None:
+            total = self._pipe_comm.all_reduce_values([total], str(self.device), "pipeline loss")[0]
+        return torch.tensor(total)
+
+    # ----- evaluation -----
+    @torch.no_grad()
+    def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
+                   bcast_loss=True, num_micro_batches=None):
+        """Forward only over num_micro_batches (default gradient_accumulation_steps) micro-batches;
+        returns the loss (mean over micro-batches, and over data-parallel ranks with
+        reduce_output="avg") on every rank, and with return_logits the last stage's outputs
+        (None on other ranks)."""
+        from zeroshard.pipe.evaluate import run_eval
+        return run_eval(self, data_iter, return_logits, compute_loss, reduce_output, bcast_loss,
+                        num_micro_batches or self._gas)
+
+
+def _to(part, device):
+    if isinstance(part, (tuple, list)):
+        return tuple(_to(p, device) for p in part)
+    return part.to(device) if torch.is_tensor(part) else part
+
+
+def _repeat(loader):
+    """DeepSpeed's RepeatingLoader: starts the loader again when an epoch ends."""
+    while True:
+        yielded = False
+        for batch in loader:
+            yielded = True
+            yield batch
+        if not yielded:
+            raise ValueError("training_data: the dataloader yields no batch")

@@ -1,0 +1,57 @@
+"""PipelineEngine.eval_batch: forward only. Micro-batch after micro-batch, each through every
+model chunk in order; with no backward to interleave there is nothing to schedule, and the
+chain of blocking sends and receives cannot deadlock (each waits only on an earlier stage)."""
+import torch
+
+from zeroshard.pipe.p2p import as_tuple
+
+
+def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcast_loss, micro_batches):
+    if reduce_output not in ("avg", None):
+        raise ValueError(f"eval_batch: reduce_output {reduce_output!r}, expected 'avg' or None")
+    module = engine.module
+    p, last = module.num_stages, module.num_global_stages - 1
+    was_training = module.training
+    module.eval()
+    results, logits = [], None
+    try:
+        for mb in range(micro_batches):
+            batch = engine._next_micro_batch(data_iter, mb) if engine._needs_data() else None
+            for chunk in range(module.virtual_stages):
+                stage = module.global_stage(chunk)
+                if stage == 0:
+                    x = batch[0]
+                else:
+                    received = engine._links.receive("activation", stage, mb, engine._grid.stage_to_global((stage - 1) % p))
+                    x = received[0] if len(received) == 1 else received
+                try:
+                    out = module(x, chunk=chunk)
+                    if stage == last:
+                        logits = out
+                        results.append(engine._loss_of(out, batch[1], mb) if compute_loss else out)
+                except BaseException as error:
+                    engine._report_stage_failure(error, f"pipeline stage {stage} forward (eval) of micro-batch {mb}")
+                    raise
+                if stage != last:
+                    engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
+                                       engine._grid.stage_to_global((stage + 1) % p))
+    finally:
+        module.train(was_training)
+    holds_last = module.stage_id == last % p
+    if reduce_output is None:
+        output = results if holds_last else None
+    else:
+        output = None
+        if holds_last:
+            output = torch.stack([r.detach().float() for r in results]).mean(0) if compute_loss else \
+                sum(r.detach().float() for r in results) / len(results)
+            if engine.dp_world_size > 1:
+                output = output.contiguous()
+                engine._comm.all_reduce(output, "eval_batch output")
+                output /= engine.dp_world_size
+        if compute_loss and bcast_loss and engine._pipe_comm is not None:
+            value = float(output) if holds_last else 0.0
+            output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0])
+    if return_logits:
+        return output, (logits if holds_last else None)
+    return output

@@ -1,0 +1,258 @@
+"""DeepSpeed's PipelineModule: a flat list of layers split into contiguous stages, each rank
+building only its own (LayerSpec), weights tied across stages (TiedLayerSpec), and the
+partition chosen by parameters, layer count or layer type. The engine (pipe/engine.py) runs it
+through a schedule; forward(x, chunk) runs one model chunk of this rank."""
+import re
+
+import torch
+import torch.distributed as dist
+
+from zeroshard import _C
+from zeroshard.comm import init_distributed, new_comm
+from zeroshard.log import log_rank0
+from zeroshard.pipe.layers import LayerSpec, TiedLayerSpec
+from zeroshard.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+
+PARTITION_METHODS = "'parameters', 'uniform' or 'type:<regex>'"
+
+
+def _layer_name(layer):
+    if isinstance(layer, LayerSpec):
+        return layer.typename.__name__
+    return type(layer).__name__ if isinstance(layer, torch.nn.Module) else getattr(layer, "__name__", type(layer).__name__)
+
+
+def _trainable_count(layer):
+    if isinstance(layer, LayerSpec):
+        with torch.device("meta"):  # built only to count: nothing is allocated
+            layer = layer.build()
+    if not isinstance(layer, torch.nn.Module):
+        return 0
+    return sum(p.numel() for p in layer.parameters() if p.requires_grad)
+
+
+def _exec_range(funcs):
+    def run(*inputs):
+        x = inputs[0] if len(inputs) == 1 else inputs
+        for f in funcs:
+            x = f(x)
+        return x
+    return run
+
+
+class PipelineModule(torch.nn.Module):
+    def __init__(self, layers, num_stages=None, topology=None, loss_fn=None, seed_layers=False,
+                 seed_fn=None, base_seed=1234, partition_method="parameters",
+                 activation_checkpoint_interval=0, activation_checkpoint_func=None,
+                 checkpointable_layers=None, virtual_stages=1, dynamic_shape=False):
+        super().__init__()
+        if num_stages is None and topology is None:
+            raise RuntimeError("PipelineModule: give num_stages or topology")
+        if dynamic_shape:
+            raise ValueError("PipelineModule: dynamic_shape=True is not supported; stage boundary "
+                             "shapes are agreed at the first micro-batch and checked after")
+        init_distributed()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if topology is None:
+            if num_stages < 1 or world % num_stages:
+                raise ValueError(f"PipelineModule: num_stages {num_stages} must divide the world "
+                                 f"size {world} (the rest is the data-parallel axis)")
+            topology = PipeDataParallelTopology(num_pp=num_stages, num_dp=world // num_stages)
+        axes = topology.get_axis_names()
+        if "pipe" not in axes or "data" not in axes:
+            raise ValueError(f"PipelineModule: the topology's axes are {axes}; it needs 'pipe' and 'data'")
+        if any(topology.get_dim(a) > 1 for a in axes if a not in ("pipe", "data")):
+            raise ValueError(f"PipelineModule: topology {dict(zip(axes, topology.dims))} has a model "
+                             "(tensor-parallel) axis above 1; zeroshard has no tensor parallelism")
+        if num_stages is not None and topology.get_dim("pipe") != num_stages:
+            raise ValueError(f"PipelineModule: num_stages {num_stages} but the topology has "
+                             f"{topology.get_dim('pipe')} pipe stages")
+        if topology.world_size() != world:
+            raise ValueError(f"PipelineModule: the topology holds {topology.world_size()} ranks, the "
+                             f"world has {world}")
+        if int(virtual_stages) < 1:
+            raise ValueError(f"PipelineModule: virtual_stages {virtual_stages}, expected >= 1")
+        self._topo = topology
+        self._grid = PipelineParallelGrid(topology, rank)
+        self.global_rank = rank
+        self.num_stages = topology.get_dim("pipe")
+        self.stage_id = self._grid.stage_id
+        self.virtual_stages = int(virtual_stages)
+        self.loss_fn = loss_fn
+        self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
+        self.activation_checkpoint_interval = int(activation_checkpoint_interval)
+        if activation_checkpoint_func is None:
+            from zeroshard.checkpointing import checkpoint as activation_checkpoint_func
+        self.activation_checkpoint_func = activation_checkpoint_func
+        self.checkpointable_layers = checkpointable_layers
+        self._layer_specs = list(layers)
+        if not self._layer_specs:
+            raise ValueError("PipelineModule: layers is empty")
+        self.partition_method = partition_method
+        # Boundaries over the p * v global stages: global stage s holds layers [parts[s], parts[s+1])
+        # and lives on pipeline rank s % p as its model chunk s // p.
+        self.parts = self._partition(partition_method)
+        self.tied_modules = torch.nn.ModuleDict()
+        self.tied_weight_attrs = {}
+        # Per model chunk: what forward calls in order, and the modules those calls use.
+        self._chunk_funcs, self._chunk_modules = zip(*(self._build_chunk(c) for c in range(self.virtual_stages)))
+        self._tied = self._index_tied_modules()
+        self._synchronize_tied_weights()
+        self._log_partition()
+
+    # ----- layout -----
+    def global_stage(self, chunk):
+        return chunk * self.num_stages + self.stage_id
+
+    @property
+    def num_global_stages(self):
+        return self.num_stages * self.virtual_stages
+
+    def topology(self):
+        return self._topo
+
+    def mpu(self):
+        return self._grid
+
+    def num_pipeline_stages(self):
+        return self.num_stages
+
+    def _partition(self, method):
+        parts = self.num_stages * self.virtual_stages
+        n = len(self._layer_specs)
+        if n < parts:
+            raise ValueError(f"PipelineModule: {n} layers cannot fill {parts} stages "
+                             f"({self.num_stages} pipeline stages x {self.virtual_stages} virtual); "
+                             "every stage needs at least one layer")
+        lowered = method.lower() if isinstance(method, str) else method
+        if lowered == "uniform":
+            return list(_C.pipeline.partition_uniform(n, parts))
+        if lowered == "parameters":
+            weights = [float(_trainable_count(layer)) for layer in self._layer_specs]
+        elif isinstance(lowered, str) and lowered.startswith("type:"):
+            pattern = method.split(":", 1)[1]
+            try:
+                regex = re.compile(pattern, re.IGNORECASE)
+            except re.error as error:
+                raise ValueError(f"PipelineModule: partition_method {method!r}: bad regex: {error}")
+            weights = [1.0 if regex.search(_layer_name(layer)) else 0.0 for layer in self._layer_specs]
+            if sum(weights) == 0:
+                names = sorted({_layer_name(layer) for layer in self._layer_specs})
+                raise ValueError(f"PipelineModule: partition_method {method!r} matches no layer; "
+                                 f"the layers' types are {names}")
+        else:
+            raise ValueError(f"PipelineModule: partition_method {method!r}, expected {PARTITION_METHODS}")
+        return list(_C.pipeline.partition_balanced(weights, parts))
+
+    def _log_partition(self):
+        lines = []
+        for s in range(self.num_global_stages):
+            lo, hi = self.parts[s], self.parts[s + 1]
+            names = [_layer_name(layer) for layer in self._layer_specs[lo:hi]]
+            count = sum(_trainable_count(layer) for layer in self._layer_specs[lo:hi])
+            where = f"rank {s % self.num_stages}" + (f" chunk {s // self.num_stages}" if self.virtual_stages > 1 else "")
+            lines.append(f"  stage {s} ({where}): layers {lo}-{hi - 1} {names} {count} parameters")
+        log_rank0(f"pipeline partition by {self.partition_method!r} over {self.num_global_stages} "
+                  "stages:\n" + "\n".join(lines), self.global_rank)
+
+    # ----- building -----
+    def _build_chunk(self, chunk):
+        s = self.global_stage(chunk)
+        funcs, modules = [], []
+        for idx in range(self.parts[s], self.parts[s + 1]):
+            spec = self._layer_specs[idx]
+            if self.seed_layers:
+                (self.seed_fn or torch.manual_seed)(self.base_seed + idx)
+            if isinstance(spec, TiedLayerSpec):
+                if spec.key not in self.tied_modules:
+                    self.tied_modules[spec.key] = spec.build()
+                    self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
+                module = self.tied_modules[spec.key]
+                modules.append(module)
+                if spec.forward_fn is None:
+                    funcs.append(module)
+                else:
+                    funcs.append(lambda x, f=spec.forward_fn, m=module: f(m, x))
+            elif isinstance(spec, LayerSpec):
+                module = spec.build()
+                self.add_module(str(idx), module)
+                funcs.append(module)
+                modules.append(module)
+            elif isinstance(spec, torch.nn.Module):
+                self.add_module(str(idx), spec)
+                funcs.append(spec)
+                modules.append(spec)
+            elif callable(spec):
+                funcs.append(spec)
+            else:
+                raise ValueError(f"PipelineModule: layer {idx} is {spec!r}; expected an nn.Module, "
+                                 "a LayerSpec, a TiedLayerSpec or a callable")
+        return funcs, modules
+
+    def _index_tied_modules(self):
+        """key -> (owning pipeline ranks, this rank's communicator over them with its data
+        index, or None). Every rank creates every group, in key order, as new_group requires."""
+        owners = {}
+        for idx, spec in enumerate(self._layer_specs):
+            if isinstance(spec, TiedLayerSpec):
+                stage = next(s for s in range(self.num_global_stages) if self.parts[s] <= idx < self.parts[s + 1])
+                owners.setdefault(spec.key, set()).add(stage % self.num_stages)
+        tied = {}
+        for key, ranks_set in owners.items():
+            stages = sorted(ranks_set)
+            comm = None
+            if len(stages) > 1:
+                for d in range(self._topo.get_dim("data")):
+                    ranks = [self._grid.stage_to_global(s, data=d) for s in stages]
+                    group = dist.new_group(ranks)
+                    if self.global_rank in ranks:
+                        comm = new_comm(group)
+            tied[key] = (stages, comm)
+        return tied
+
+    def tied_weights(self, key):
+        module = self.tied_modules[key]
+        return [getattr(module, attr) for attr in self.tied_weight_attrs[key]]
+
+    def _synchronize_tied_weights(self):
+        for key, (stages, comm) in self._tied.items():
+            if comm is None:
+                continue
+            with torch.no_grad():
+                for attr, weight in zip(self.tied_weight_attrs[key], self.tied_weights(key)):
+                    comm.broadcast(weight.data, 0, f"tied weight {key}.{attr} from stage {stages[0]}")
+
+    def tied_groups(self):
+        """(key, owning pipeline ranks, communicator) for the ties this rank takes part in."""
+        return [(key, stages, comm) for key, (stages, comm) in self._tied.items() if comm is not None]
+
+    # ----- running -----
+    def _checkpointable(self, funcs):
+        if self.checkpointable_layers is not None:
+            return all(type(f).__name__ in self.checkpointable_layers for f in funcs)
+        return any(isinstance(f, torch.nn.Module) and any(True for _ in f.parameters()) for f in funcs)
+
+    def chunk_parameters(self, chunk):
+        """The trainable parameters model chunk `chunk` uses (tied ones included), once each."""
+        seen, out = set(), []
+        for module in self._chunk_modules[chunk]:
+            for p in module.parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def forward(self, forward_input, chunk=0):
+        funcs = self._chunk_funcs[chunk]
+        interval = self.activation_checkpoint_interval
+        if interval == 0 or not torch.is_grad_enabled():
+            return _exec_range(funcs)(forward_input)
+        x = forward_input
+        for start in range(0, len(funcs), interval):
+            part = funcs[start:start + interval]
+            inputs = x if isinstance(x, tuple) else (x,)
+            if self._checkpointable(part):
+                x = self.activation_checkpoint_func(_exec_range(part), *inputs)
+            else:
+                x = _exec_range(part)(*inputs)
+        return x

@@ -1,0 +1,107 @@
+"""Activations and gradients between pipeline stages, through the engine's world communicator
+(c10d send/recv: Gloo on CPU, NCCL on GPU; numbered and watched like every collective). The
+tensors crossing each stage boundary (a tensor or a tuple of them) are described once, at the
+first micro-batch: the sender sends their dtypes and shapes, both sides keep that layout, and
+every later micro-batch is checked against it on the sending side, so a shape that changes is an
+error naming the stage, the micro-batch and both shapes instead of a receive of the wrong size."""
+import torch
+
+# dtype <-> the code sent in a layout message
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def _layout(tensors):
+    return [(t.dtype, tuple(t.shape)) for t in tensors]
+
+
+def _show(layout):
+    return "(" + ", ".join(f"{str(d).replace('torch.', '')}{list(s)}" for d, s in layout) + ")"
+
+
+def as_tuple(value, what):
+    """A stage's output as a tuple of tensors (what crosses a boundary)."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    for i, t in enumerate(items):
+        if not torch.is_tensor(t):
+            raise TypeError(f"{what}: element {i} is {type(t).__name__}; only tensors (or tuples "
+                            "of tensors) cross pipeline stage boundaries")
+    return tuple(items)
+
+
+class StageLinks:
+    def __init__(self, comm, device):
+        self._comm = comm
+        self._device = device
+        self._agreed = {}  # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
+
+    @staticmethod
+    def _tag(kind, micro_batch, stage):
+        # Gloo matches by tag too (NCCL ignores tags and relies on the order, which the
+        # checked schedule keeps): one tag per tensor kind, micro-batch and boundary.
+        return 1 + 4 * (micro_batch * 4096 + stage) + {"activation": 0, "gradient": 1, "layout": 2}[kind]
+
+    def send(self, tensors, kind, stage, micro_batch, peer):
+        """tensors: the activation entering global stage `stage`, or the gradient leaving it
+        (sent back to stage - 1), to global rank `peer`."""
+        layout = _layout(tensors)
+        key = (kind, stage)
+        if key not in self._agreed:
+            if kind == "activation":
+                self._send_layout(layout, stage, micro_batch, peer)
+            self._agreed[key] = (layout, micro_batch)
+        agreed, first = self._agreed[key]
+        if layout != agreed:
+            side = f"output of stage {stage - 1}" if kind == "activation" else f"input gradient of stage {stage}"
+            raise ValueError(f"pipeline: the {side} for micro-batch {micro_batch} is {_show(layout)}, "
+                             f"but micro-batch {first} agreed {_show(agreed)}; the tensors crossing a "
+                             "stage boundary must keep their dtypes and shapes for the whole run "
+                             "(pad variable-length batches to one length)")
+        what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
+        for i, t in enumerate(tensors):
+            self._comm.send(t.detach().contiguous(), peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]")
+
+    def receive(self, kind, stage, micro_batch, peer, like=None):
+        """The activation entering `stage` (layout from the first message) or the gradient for
+        the tensors `like` (this stage's outputs)."""
+        key = (kind, stage)
+        if kind == "activation":
+            if key not in self._agreed:
+                self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
+            layout = self._agreed[key][0]
+        else:
+            layout = _layout(like)
+        what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
+        out = []
+        for i, (dtype, shape) in enumerate(layout):
+            t = torch.empty(shape, dtype=dtype, device=self._device)
+            self._comm.recv(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]")
+            out.append(t)
+        return tuple(out)
+
+    def _send_layout(self, layout, stage, micro_batch, peer):
+        codes = [len(layout)]
+        for dtype, shape in layout:
+            if dtype not in _DTYPES:
+                raise TypeError(f"pipeline: stage {stage - 1} outputs a {dtype} tensor; boundary "
+                                f"tensors may be {', '.join(str(d) for d in _DTYPES)}")
+            codes += [_DTYPES.index(dtype), len(shape), *shape]
+        message = torch.tensor(codes, dtype=torch.int64, device=self._device)
+        size = torch.tensor([message.numel()], dtype=torch.int64, device=self._device)
+        tag = self._tag("layout", micro_batch, stage)
+        self._comm.send(size, peer, tag, f"layout size for stage {stage}")
+        self._comm.send(message, peer, tag, f"layout of the tensors entering stage {stage}")
+
+    def _receive_layout(self, stage, micro_batch, peer):
+        tag = self._tag("layout", micro_batch, stage)
+        size = torch.empty(1, dtype=torch.int64, device=self._device)
+        self._comm.recv(size, peer, tag, f"layout size for stage {stage}")
+        message = torch.empty(int(size.item()), dtype=torch.int64, device=self._device)
+        self._comm.recv(message, peer, tag, f"layout of the tensors entering stage {stage}")
+        codes = message.tolist()
+        layout, i = [], 1
+        for _ in range(codes[0]):
+            dtype, ndim = _DTYPES[codes[i]], codes[i + 1]
+            layout.append((dtype, tuple(codes[i + 2:i + 2 + ndim])))
+            i += 2 + ndim
+        return layout

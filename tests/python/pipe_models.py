@@ -1,0 +1,103 @@
+"""A small GPT-like layer list for pipeline tests, written the way DeepSpeed pipeline scripts
+write theirs (LayerSpec per block, the embedding tied to the unembedding with TiedLayerSpec), and
+the same layers built whole in one process as the reference."""
+import torch
+import torch.nn.functional as F
+
+VOCAB, D_MODEL, SEQ = 48, 16, 8
+
+
+class Embed(torch.nn.Embedding):
+    pass
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 2 * d)
+        self.fc2 = torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class FinalNorm(torch.nn.LayerNorm):
+    pass
+
+
+def unembed(embedding, x):
+    return x @ embedding.weight.t()
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def layer_specs(num_blocks, tied=True):
+    from zeroshard.pipe import LayerSpec, TiedLayerSpec
+    layers = [TiedLayerSpec("embed", Embed, VOCAB, D_MODEL) if tied else LayerSpec(Embed, VOCAB, D_MODEL)]
+    layers += [LayerSpec(Block, D_MODEL) for _ in range(num_blocks)]
+    layers.append(LayerSpec(FinalNorm, D_MODEL))
+    if tied:
+        layers.append(TiedLayerSpec("embed", Embed, VOCAB, D_MODEL, forward_fn=unembed))
+    else:
+        layers.append(LayerSpec(torch.nn.Linear, D_MODEL, VOCAB, bias=False))
+    return layers
+
+
+class Reference(torch.nn.Module):
+    """The same layers in one process, built with PipelineModule's seed_layers seeds (layer i
+    after torch.manual_seed(base_seed + i)); a tied layer is the first one's module again.
+    named(pipeline_name) maps a PipelineModule parameter name to this model's tensor."""
+
+    def __init__(self, specs, base_seed=1234):
+        super().__init__()
+        from zeroshard.pipe import TiedLayerSpec
+        self.layers = torch.nn.ModuleList()
+        self.tied = {}
+        self.funcs = []
+        for i, spec in enumerate(specs):
+            torch.manual_seed(base_seed + i)
+            if isinstance(spec, TiedLayerSpec) and spec.key in self.tied:
+                module = self.tied[spec.key]
+            else:
+                module = spec.build()
+                if isinstance(spec, TiedLayerSpec):
+                    self.tied[spec.key] = module
+            self.layers.append(module)
+            if isinstance(spec, TiedLayerSpec) and spec.forward_fn is not None:
+                self.funcs.append(lambda x, f=spec.forward_fn, m=module: f(m, x))
+            else:
+                self.funcs.append(module)
+
+    def forward(self, x):
+        for f in self.funcs:
+            x = f(x)
+        return x
+
+    def named(self, name):
+        head, rest = name.split(".", 1)
+        if head == "tied_modules":
+            key, attr = rest.split(".", 1)
+            return self.tied[key].get_parameter(attr)
+        return self.layers[int(head)].get_parameter(rest)
+
+
+def batches(steps, micro, gas, dp, seed=0):
+    """steps global batches of micro * gas * dp sequences: (tokens, next tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        tokens = torch.randint(0, VOCAB, (micro * gas * dp, SEQ + 1), generator=g)
+        out.append((tokens[:, :-1], tokens[:, 1:]))
+    return out
+
+
+def rank_micro_batches(global_batches, micro, gas, data_index):
+    """Data index d's micro-batches in order: micro-batch j of each step holds sequences
+    [(d * gas + j) * micro, + micro) of the global batch."""
+    for x, y in global_batches:
+        for j in range(gas):
+            lo = (data_index * gas + j) * micro
+            yield x[lo:lo + micro], y[lo:lo + micro]

@@ -1,0 +1,146 @@
+"""Pipeline errors, from the script's side: a stage that raises ends every rank with an error
+naming that stage and micro-batch (no hang); a boundary shape that changes between micro-batches
+is named with both shapes; ZeRO stage 2 with a pipeline, a config that disagrees with the module,
+forward/backward/step on a pipeline engine and bad partitions are clear errors."""
+import os
+import time
+
+import pytest
+
+from harness import run_distributed
+
+MICRO, GAS = 2, 4
+
+
+def _engine(stages, gas=GAS, extra=None, layers=None, **module_kwargs):
+    import torch
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import layer_specs, loss_fn
+    net = PipelineModule(layers=layers or layer_specs(2, tied=False), num_stages=stages, loss_fn=loss_fn,
+                         seed_layers=True, **module_kwargs)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000}
+    config.update(extra or {})
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    return engine
+
+
+def _raising_stage(fail_layer, fail_call):
+    import torch
+    from pipe_models import D_MODEL, batches, layer_specs, rank_micro_batches
+    from zeroshard.pipe import LayerSpec
+
+    class Fails(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            Fails.calls += 1
+            if Fails.calls - 1 == fail_call:
+                raise ValueError("the layer's own error")
+            return x
+
+    layers = layer_specs(2, tied=False)
+    layers.insert(fail_layer, LayerSpec(Fails))
+    engine = _engine(2, layers=layers, partition_method="uniform")
+    it = rank_micro_batches(batches(2, MICRO, GAS, 1), MICRO, GAS, 0)
+    t0 = time.monotonic()
+    try:
+        engine.train_batch(it)
+        engine.train_batch(it)
+    except BaseException as error:  # noqa: BLE001 - the message goes back to the test
+        notes = "\n".join(getattr(error, "__notes__", []))
+        return {"type": type(error).__name__, "text": f"{error}\n{notes}", "seconds": time.monotonic() - t0}
+    return {"type": None, "text": "", "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.parametrize("fail_layer,stage", [(5, 1), (1, 0)], ids=["last_stage", "first_stage"])
+def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage):
+    # layers: Embed, Block, Block, FinalNorm, Linear + Fails at fail_layer: 6 layers, 3 per stage.
+    results = run_distributed(_raising_stage, 2, fail_layer, 2, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
+    raiser = results[stage]
+    assert raiser["type"] == "ValueError", raiser
+    assert "the layer's own error" in raiser["text"]
+    assert f"pipeline stage {stage} forward of micro-batch 2" in raiser["text"], raiser["text"]
+    other = results[1 - stage]
+    assert other["type"] == "CommError", other
+    # The other rank's error names the failing rank's report (when the store outlives it) or the
+    # peer it was waiting on; never a hang: it ends within the collective timeout (60 s here).
+    assert other["seconds"] < 60, other
+    if stage == 1:
+        assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], other["text"]
+    else:
+        assert "rank 0" in other["text"], other["text"]
+
+
+def _changing_shape():
+    from pipe_models import batches, rank_micro_batches
+    engine = _engine(2)
+    data = list(rank_micro_batches(batches(1, MICRO, GAS, 1), MICRO, GAS, 0))
+    x, y = data[2]
+    data[2] = (x[:, :-1], y[:, :-1])  # micro-batch 2 is one token shorter
+    try:
+        engine.train_batch(iter(data))
+    except BaseException as error:  # noqa: BLE001
+        return {"type": type(error).__name__, "text": str(error) + "\n".join(getattr(error, "__notes__", []))}
+    return {"type": None}
+
+
+def test_a_boundary_shape_that_changes_is_named():
+    results = run_distributed(_changing_shape, 2, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
+    sender = results[0]
+    assert sender["type"] == "ValueError", sender
+    assert "output of stage 0 for micro-batch 2 is (float32[2, 7, 16])" in sender["text"], sender["text"]
+    assert "micro-batch 0 agreed (float32[2, 8, 16])" in sender["text"], sender["text"]
+    assert results[1]["type"] == "CommError", results[1]
+
+
+def _config_errors():
+    import zeroshard
+    from zeroshard.pipe import PipelineError, PipelineModule
+    from pipe_models import layer_specs, loss_fn
+    out = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out[name] = None
+        except Exception as error:  # noqa: BLE001
+            out[name] = f"{type(error).__name__}: {error}"
+
+    attempt("stage2", lambda: _engine(1, extra={"zero_optimization": {"stage": 2}}))
+    attempt("stages_key", lambda: _engine(1, extra={"pipeline": {"stages": 2}}))
+    attempt("virtual_key", lambda: _engine(1, extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+    attempt("virtual_module", lambda: _engine(1, virtual_stages=2))
+    attempt("schedule_value", lambda: _engine(1, extra={"pipeline": {"schedule": "looped_bfs"}}))
+    attempt("partition", lambda: PipelineModule(layer_specs(2), num_stages=1, partition_method="profile"))
+    attempt("regex", lambda: PipelineModule(layer_specs(2), num_stages=1, partition_method="type:attention"))
+    attempt("too_few_layers", lambda: PipelineModule(layer_specs(0)[:2], num_stages=1, virtual_stages=3))
+    attempt("not_dividing", lambda: PipelineModule(layer_specs(2), num_stages=3))
+    attempt("interleave_gas", lambda: _engine(2, gas=3, virtual_stages=2,
+                                              extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+    engine = _engine(1)
+    for name in ("forward", "backward", "step"):
+        try:
+            getattr(engine, name)(None)
+            out[name] = None
+        except PipelineError as error:
+            out[name] = str(error)
+    return out
+
+
+def test_configuration_errors_name_the_key():
+    out = run_distributed(_config_errors, 2, timeout=120)[0]
+    assert "zero_optimization.stage: got 2 with a PipelineModule" in out["stage2"]
+    assert "pipeline.stages: got 2, the PipelineModule has 1 stages" in out["stages_key"]
+    assert "pipeline.virtual_stages: got 2, the PipelineModule was built with virtual_stages=1" in out["virtual_key"]
+    assert "pipeline.virtual_stages: got 1, the PipelineModule was built with virtual_stages=2" in out["virtual_module"]
+    assert "pipeline.schedule: got \"looped_bfs\", expected one of" in out["schedule_value"]
+    assert "partition_method 'profile', expected 'parameters', 'uniform' or 'type:<regex>'" in out["partition"]
+    assert "matches no layer; the layers' types are" in out["regex"]
+    assert "2 layers cannot fill 3 stages" in out["too_few_layers"]
+    assert "num_stages 3 must divide the world size 2" in out["not_dividing"]
+    assert "gradient_accumulation_steps: got 3; the interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
+    for name in ("forward", "backward", "step"):
+        assert out[name] and "Only train_batch() and eval_batch()" in out[name]

@@ -1,0 +1,111 @@
+"""The numerics contract for pipelines: every schedule, at (2 stages x 2 data) and (4 stages x 1),
+matches one process running the same layers with torch.optim.AdamW on the same global batch
+(fp32: each step's loss and, after 10 steps, every parameter of every stage within 1e-5 relative),
+with the embedding tied to the unembedding across the first and last stage, gradient clipping
+that really clips, 4 micro-batches accumulated per step, activation checkpointing (interval 2
+and 1) in two of the schedules, and eval_batch's loss and outputs afterwards. The model is built the way
+DeepSpeed pipeline scripts build theirs (LayerSpec, TiedLayerSpec, loss_fn, seed_layers,
+initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad]))."""
+import os
+
+import pytest
+
+from harness import run_distributed
+
+STEPS = 10
+MICRO = 2
+GAS = 4
+LR = 1e-2
+TOL = 1e-5
+
+# (schedule, virtual_stages, zero stage, clip, partition_method, activation_checkpoint_interval)
+CASES = [
+    ("gpipe", 1, 0, 0.5, "parameters", 0),
+    ("1f1b", 1, 1, 0.5, "uniform", 2),
+    ("interleaved_1f1b", 2, 1, 0.5, "parameters", 0),
+    ("zero_bubble", 1, 0, 0.5, "type:block|embed", 1),
+]
+
+
+def _run(schedule, stages, virtual, zero_stage, clip, partition, interval, num_blocks=6):
+    import torch
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import Reference, batches, layer_specs, loss_fn, rank_micro_batches
+
+    world = int(os.environ["WORLD_SIZE"])
+    dp = world // stages
+    specs = layer_specs(num_blocks)
+    net = PipelineModule(layers=specs, num_stages=stages, loss_fn=loss_fn, seed_layers=True,
+                         partition_method=partition, virtual_stages=virtual,
+                         activation_checkpoint_interval=interval)
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+        "gradient_clipping": clip, "zero_optimization": {"stage": zero_stage},
+        "pipeline": {"schedule": schedule, "virtual_stages": virtual}, "steps_per_print": 1000,
+    }
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    data = batches(STEPS, MICRO, GAS, dp, seed=7)
+    it = rank_micro_batches(data, MICRO, GAS, engine.grid.get_data_parallel_id())
+    losses, norms = [], []
+    for _ in range(STEPS):
+        losses.append(float(engine.train_batch(it)))
+        norms.append(engine.get_global_grad_norm())
+
+    ref = Reference(specs)
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=0.01)
+    ref_losses, ref_norms = [], []
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(ref(x), y)
+        loss.backward()
+        ref_norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)))
+        opt.step()
+        ref_losses.append(float(loss))
+    # eval_batch: the loss over a new batch (mean over micro-batches and data-parallel ranks) on
+    # every rank, and the last stage's outputs of this data index's last micro-batch.
+    d = engine.grid.get_data_parallel_id()
+    (x, y), = batches(1, MICRO, GAS, dp, seed=11)
+    loss, logits = engine.eval_batch(rank_micro_batches([(x, y)], MICRO, GAS, d), return_logits=True)
+    with torch.no_grad():
+        ref_eval = float(loss_fn(ref(x), y))
+        lo = (d * GAS + GAS - 1) * MICRO
+        ref_logits = ref(x[lo:lo + MICRO])
+    eval_err = abs(float(loss) - ref_eval) / ref_eval
+    holds_last = engine.module.stage_id == (engine.module.num_global_stages - 1) % stages
+    logits_err = (float((logits - ref_logits).abs().max() / ref_logits.abs().max()) if holds_last
+                  else (0.0 if logits is None else 1.0))
+    param_err = {}
+    for name, p in engine.module.named_parameters():
+        r = ref.named(name).detach()
+        param_err[name] = float((p.detach() - r).abs().max() / r.abs().max())
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    norm_err = max(abs(a - b) / b for a, b in zip(norms, ref_norms))
+    return {"loss_err": loss_err, "norm_err": norm_err, "param_err": param_err,
+            "eval_err": eval_err, "logits_err": logits_err,
+            "clipped": ref_norms[0] > clip, "num_params": len(param_err)}
+
+
+def _cases(stages):
+    out = {}
+    for schedule, virtual, zero_stage, clip, partition, interval in CASES:
+        out[schedule] = _run(schedule, stages, virtual, zero_stage, clip, partition, interval)
+    return out
+
+
+@pytest.mark.parametrize("stages", [2, 4], ids=["2stages_x_2data", "4stages_x_1data"])
+def test_every_schedule_matches_torch_optim(stages):
+    results = run_distributed(_cases, 4, stages, timeout=240)
+    for rank, by_schedule in enumerate(results):
+        for schedule, r in by_schedule.items():
+            where = f"rank {rank} {schedule}"
+            assert r["clipped"], f"{where}: the reference's first gradient norm is under the clip"
+            assert r["num_params"] > 0, f"{where}: the stage holds no parameters"
+            assert r["loss_err"] <= TOL, f"{where}: loss differs by {r['loss_err']:.2e}"
+            assert r["norm_err"] <= TOL, f"{where}: gradient norm differs by {r['norm_err']:.2e}"
+            assert r["eval_err"] <= TOL, f"{where}: eval_batch loss differs by {r['eval_err']:.2e}"
+            assert r["logits_err"] <= TOL, f"{where}: eval_batch logits differ by {r['logits_err']:.2e}"
+            worst = max(r["param_err"], key=r["param_err"].get)
+            assert r["param_err"][worst] <= TOL, f"{where}: {worst} differs by {r['param_err'][worst]:.2e}"
