@@ -58,3 +58,13 @@ def same_on_every_rank(run, text: str, what: str) -> bool:
     both = torch.tensor([h, -h], dtype=torch.float64, device=run.device)
     run.comm.all_reduce_max(both, what)  # max == min on every rank exactly when all are equal
     return float(both[0]) == -float(both[1])
+
+
+def held_anywhere(run, names, held_here) -> set:
+    """Which of `names` (the same list on every rank) some rank holds: `held_here` itself when
+    every rank holds the whole model, else summed over the ranks (a pipeline's stages)."""
+    if not run.placement.names_split or run.world == 1:
+        return {n for n in names if n in held_here}
+    flags = [1.0 if n in held_here else 0.0 for n in names]
+    summed = run.comm.all_reduce_values(flags, str(run.device), "load_checkpoint: the names some rank holds")
+    return {n for n, v in zip(names, summed) if v}

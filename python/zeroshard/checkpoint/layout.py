@@ -1,5 +1,6 @@
 """What a checkpoint holds and under which names: the run as the checkpoint code sees it (RunView),
-this rank's pieces to write, the "layout" section, and client_state as JSON plus tensors."""
+which rank writes what (Placement), this rank's pieces to write, the "layout" section, and
+client_state as JSON plus tensors."""
 import math
 from dataclasses import dataclass, field
 
@@ -20,12 +21,42 @@ def buffer_key(name: str) -> str:
     return f"buffer/{name}"
 
 
+def renamed_key(key: str, rename) -> str:
+    """`key` with the parameter or buffer name in it passed through rename(name); client_state's
+    keys as they are."""
+    head, _, rest = key.partition("/")
+    if head == "optim":
+        state, _, rest = rest.partition("/")
+        head = f"optim/{state}"
+    elif head not in ("param", "master", "buffer"):
+        return key
+    return f"{head}/{rename(rest)}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which ranks write what. A data-parallel engine: every rank holds every parameter, the
+    agreements run over the world, and rank 0 describes the model. A pipeline engine
+    (checkpoint/pipeline.py): each stage's data-parallel ranks hold that stage's parameters."""
+    comm: object  # the agreements of a save or load: over every rank that writes or reads
+    part_rank: int  # this rank's index among the ranks that hold the same parameters whole ...
+    part_world: int  # ... and their number: whole ("replicated") pieces are split among them
+    describes: bool  # writes its parameters' layout entries and its buffers (one rank per stage)
+    not_written: frozenset = frozenset()  # held here, written by another stage (later tie owners)
+    names_split: bool = False  # the model's names are spread over ranks (a load checks them jointly)
+    pipeline: dict = None  # the "pipeline" section (checkpoint/pipeline.py), None for no pipeline
+
+    @classmethod
+    def data_parallel(cls, engine):
+        return cls(comm=engine._comm, part_rank=engine.global_rank, part_world=engine.world_size,
+                   describes=engine.global_rank == 0)
+
+
 @dataclass
 class RunView:
     """The engine as checkpoints see it. `names[i]` / `shapes[i]`: the core's parameter i (trainable
     group by group, then stage 3's frozen ones); `loose`: parameters the core does not hold (frozen
     ones below stage 3, trainable ones in no optimizer group), whole on every rank."""
-    comm: object
     device: torch.device
     rank: int
     world: int
@@ -39,6 +70,11 @@ class RunView:
     loose: list = field(default_factory=list)  # (name, Parameter)
     buffers: list = field(default_factory=list)  # (name, tensor), persistent ones
     aliases: dict = field(default_factory=dict)  # tied name -> the name it shares
+    placement: Placement = None
+
+    @property
+    def comm(self):
+        return self.placement.comm
 
     @property
     def stage(self) -> int:
@@ -66,11 +102,14 @@ class RunView:
         for n, p in engine.module.named_parameters(remove_duplicate=False):
             if names.get(id(p), n) != n:
                 aliases[n] = names[id(p)]
-        return cls(comm=engine._comm, device=engine.device, rank=engine.global_rank,
+        # A pipeline engine says how its stages divide the writing (pipe/engine.py's hook).
+        hook = getattr(type(engine), "_checkpoint_placement", None)
+        placement = hook(engine) if hook is not None else Placement.data_parallel(engine)
+        return cls(device=engine.device, rank=engine.global_rank,
                    world=engine.world_size, core=core, module=engine.module, dtype=engine.dtype,
                    names=[names[id(p)] for p in held], shapes=shapes,
                    trainable=[p.requires_grad for p in held], groups=[group_of.get(id(p)) for p in held],
-                   loose=loose, buffers=buffers, aliases=aliases)
+                   loose=loose, buffers=buffers, aliases=aliases, placement=placement)
 
 
 def my_part(numel: int, rank: int, world: int):
@@ -83,10 +122,11 @@ def my_part(numel: int, rank: int, world: int):
 def rank_items(run: RunView, exclude_frozen: bool):
     """(name, global shape, first element, 1-D values) for every piece this rank writes."""
     items = []
+    where = run.placement
 
     def add(name, shape, begin, flat, replicated):
         if replicated:
-            lo, hi = my_part(flat.numel(), run.rank, run.world)
+            lo, hi = my_part(flat.numel(), where.part_rank, where.part_world)
             begin, flat = begin + lo, flat[lo:hi]
         if flat.numel():
             items.append((name, list(shape), begin, flat))
@@ -95,29 +135,37 @@ def rank_items(run: RunView, exclude_frozen: bool):
     # chunks on NVMe leave host memory then, and these views would read zeros after.
     entries = run.core.shard_entries(False)
     for kind, index, begin, values, replicated in entries:
-        if exclude_frozen and not run.trainable[index]:
+        if (exclude_frozen and not run.trainable[index]) or run.names[index] in where.not_written:
             continue
         add(tensor_name(kind, run.names[index]), run.shapes[index], begin, values, replicated)
     for name, p in run.loose:
-        if exclude_frozen and not p.requires_grad:
+        if (exclude_frozen and not p.requires_grad) or name in where.not_written:
             continue
         add(tensor_name("param", name), p.shape, 0, p.detach().reshape(-1), True)
-    if run.rank == 0:  # buffers may differ across ranks (BatchNorm without SyncBN): rank 0's, as DeepSpeed
+    # Buffers may differ across ranks (BatchNorm without SyncBN): one rank's, as DeepSpeed (rank 0's;
+    # in a pipeline, each stage's first data-parallel rank's).
+    if where.describes:
         for name, b in run.buffers:
-            add(buffer_key(name), b.shape, 0, b.detach().reshape(-1), False)
+            if name not in where.not_written:
+                add(buffer_key(name), b.shape, 0, b.detach().reshape(-1), False)
     return items
 
 
-def layout_section(run: RunView, exclude_frozen: bool) -> dict:
+def layout_entries(run: RunView) -> dict:
+    """The parameters, buffers and aliases of this rank's module, as the layout lists them."""
     params = [{"name": n, "shape": s, "trainable": t, "group": g}
               for n, s, t, g in zip(run.names, run.shapes, run.trainable, run.groups)]
     params += [{"name": n, "shape": list(p.shape), "trainable": p.requires_grad, "group": None}
                for n, p in run.loose]
     order = {n: i for i, (n, _) in enumerate(run.module.named_parameters())}
     params.sort(key=lambda p: order[p["name"]])  # the module's order, as its state_dict has it
+    return {"params": params, "buffers": [n for n, _ in run.buffers], "aliases": run.aliases}
+
+
+def layout_section(run: RunView, exclude_frozen: bool, entries: dict) -> dict:
+    """`entries`: layout_entries of the whole model (a pipeline's: every stage's, joined)."""
     return {"world_size": run.world, "zero_stage": run.stage, "dtype": run.dtype_name,
-            "params": params, "buffers": [n for n, _ in run.buffers], "aliases": run.aliases,
-            "frozen_excluded": exclude_frozen,
+            **entries, "frozen_excluded": exclude_frozen,
             "optimizer": {"type": run.core.optimizer_type, "state_names": list(run.core.state_names)}}
 
 

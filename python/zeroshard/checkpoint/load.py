@@ -5,34 +5,48 @@ this run's world size and stage, whatever wrote the checkpoint (any world, any Z
 In phases, each ended by an agreement of all ranks so that a rank that fails never leaves the
 others waiting in another collective: rank 0 finds the tag; every rank checks the checkpoint
 against the run (names, shapes, optimizer, files present and whole) before anything is written;
-then reads into the run; then stage 3 gathers its persistent parameters again."""
+then reads into the run; then stage 3 gathers its persistent parameters again. A pipeline engine
+loads the same way, each rank reading its stage's names; a pipeline's checkpoint loads into the
+same layers without a pipeline and back through checkpoint/pipeline.py's renaming of ties."""
 import os
 import time
 
 import torch
 
-from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed
+from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
+from zeroshard.checkpoint.pipeline import in_run_names
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
-from zeroshard.log import log_rank0
+from zeroshard.log import log_rank0, logger
 
 _PARTIAL = ("; the engine now holds a partial load: load a complete checkpoint before training on")
 
 
-def _check_names(run, source, layout, strict):
-    """Names and shapes of parameters and buffers that the model and the checkpoint do not share: an
-    error under strict, a warning listing them otherwise; returns the names to skip."""
+def _saved_shapes(source, layout):
     saved = {p["name"]: list(p["shape"]) for p in layout["params"]}
     saved.update((n, list(source.shape(buffer_key(n)))) for n in layout["buffers"] if source.has(buffer_key(n)))
+    return saved
+
+
+def _my_shapes(run):
     mine = dict(zip(run.names, run.shapes))
     mine.update((n, list(p.shape)) for n, p in run.loose)
     mine.update((n, list(b.shape)) for n, b in run.buffers)
+    return mine
+
+
+def _check_names(run, source, layout, strict, held):
+    """Names and shapes of parameters and buffers that the model and the checkpoint do not share: an
+    error under strict, a warning listing them otherwise; returns the names to skip. `held`: the
+    saved names some rank of the run holds (in a pipeline, each rank holds one stage's)."""
+    saved = _saved_shapes(source, layout)
+    mine = _my_shapes(run)
     missing = [n for n in mine if n not in saved]
     if layout.get("frozen_excluded"):  # frozen parameters were left out on purpose
         frozen = {n for n, t in zip(run.names, run.trainable) if not t}
         frozen |= {n for n, p in run.loose if not p.requires_grad}
         missing = [n for n in missing if n not in frozen]
-    unexpected = [n for n in saved if n not in mine]
+    unexpected = [n for n in saved if n not in held]
     wrong = [n for n in mine if n in saved and saved[n] != list(mine[n])]
     problems = []
     if missing:
@@ -46,7 +60,11 @@ def _check_names(run, source, layout, strict):
         raise ValueError("load_checkpoint: the model's parameters and buffers and the checkpoint's differ; "
                          + "; ".join(problems) + " (load_module_strict=False loads the rest)")
     if problems:
-        log_rank0("warning: load_checkpoint (load_module_strict=False) skips " + "; ".join(problems), run.rank)
+        message = "warning: load_checkpoint (load_module_strict=False) skips " + "; ".join(problems)
+        if run.placement.names_split and run.placement.describes and run.rank != 0:
+            logger.warning(f"[rank {run.rank}] {message}")  # its stage's own names: rank 0 does not hold them
+        else:
+            log_rank0(message, run.rank)
     return set(missing) | set(wrong)
 
 
@@ -148,6 +166,10 @@ def _agreed_checkpoint(run, load_dir, tag):
     return found or None
 
 
+def _num_stages(pipeline_section):
+    return 1 if pipeline_section is None else pipeline_section["num_stages"]
+
+
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
     run = RunView.of(engine)
@@ -171,10 +193,16 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     path, error = os.path.join(load_dir, tag), None
     try:  # everything checked before anything is written
         path, _ = find_checkpoint(load_dir, tag)
-        source = open_source(path)
+        source = in_run_names(open_source(path), run)
         source.open_all()
         layout = source.section("layout")
-        skip = _check_names(run, source, layout, load_module_strict)
+        saved_names = list(_saved_shapes(source, layout))
+    except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
+        error = e
+    raise_if_failed(run, error, f"load_checkpoint: checking {path}", consequence="; nothing was loaded")
+    held = held_anywhere(run, saved_names, _my_shapes(run))  # a collective: after every rank opened it
+    try:
+        skip = _check_names(run, source, layout, load_module_strict, held)
         if states:
             _check_optimizer(engine, run, source, layout)
     except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
@@ -190,9 +218,12 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         run.core.end_entries(False)  # NVMe optimizer state stays as it is on disk
     raise_if_failed(run, error, f"load_checkpoint: reading {path}", consequence=_PARTIAL)
     run.core.after_load()  # a collective at stage 3: only once every rank has read
-    if (layout["world_size"], layout["zero_stage"], layout["dtype"]) != (run.world, run.stage, run.dtype_name):
+    saved_stages, my_stages = _num_stages(source.section("pipeline")), _num_stages(run.placement.pipeline)
+    if (layout["world_size"], layout["zero_stage"], layout["dtype"], saved_stages) != \
+            (run.world, run.stage, run.dtype_name, my_stages):
+        stages = f", {saved_stages} -> {my_stages} pipeline stage(s)" if saved_stages != my_stages else ""
         log_rank0(f"load_checkpoint: resharded a {source.kind} checkpoint saved at world "
                   f"{layout['world_size']}, ZeRO stage {layout['zero_stage']}, {layout['dtype']} to world "
-                  f"{run.world}, stage {run.stage}, {run.dtype_name}", run.rank)
+                  f"{run.world}, stage {run.stage}, {run.dtype_name}{stages}", run.rank)
     log_rank0(f"load_checkpoint: {path} loaded in {time.perf_counter() - t0:.2f} s", run.rank)
     return os.path.join(load_dir, tag), client

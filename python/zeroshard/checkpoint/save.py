@@ -1,14 +1,18 @@
 """engine.save_checkpoint: every rank writes its pieces into one temporary directory beside the
 target, rank 0 merges the ranks' manifests, and the directory is renamed into place only after
 every rank reported success (runtime/checkpoint/atomic_dir.h). A failure anywhere leaves the
-previous checkpoint and `latest` as they were, and every rank raises an error naming the rank."""
+previous checkpoint and `latest` as they were, and every rank raises an error naming the rank.
+A pipeline engine saves the same way over the whole world (checkpoint/pipeline.py says which
+rank writes what); its other stages' layout entries reach rank 0 in their partial manifests."""
 import os
 import time
 
 import zeroshard
 from zeroshard import _C
 from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed, same_on_every_rank
-from zeroshard.checkpoint.layout import RunView, encode_client_state, encode_values, layout_section, rank_items
+from zeroshard.checkpoint.layout import (RunView, encode_client_state, encode_values, layout_entries,
+                                         layout_section, rank_items)
+from zeroshard.checkpoint.pipeline import STAGE_LAYOUT, join_stage_layouts, split_partial
 from zeroshard.log import log_rank0
 
 CK = _C.checkpoint
@@ -42,8 +46,8 @@ def _sections(engine, run, client_json, exclude_frozen):
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
     scheduler = engine.lr_scheduler
     sched_state = scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None
-    return {
-        "layout": layout_section(run, exclude_frozen),
+    sections = {
+        "layout": layout_section(run, exclude_frozen, layout_entries(run)),
         "training_state": run.core.state.state_dict(),
         # inf (ReduceLROnPlateau's best), tuples (betas) come back as they were
         "param_groups": encode_values(groups, "optimizer.param_groups"),
@@ -52,6 +56,25 @@ def _sections(engine, run, client_json, exclude_frozen):
         "config": engine.resolved_config(),
         "zeroshard": {"version": zeroshard.__version__},
     }
+    if run.placement.pipeline is not None:
+        sections["pipeline"] = run.placement.pipeline
+    return sections
+
+
+def _merge_partials(run, staged, manifest, sections):
+    """Rank 0 merges the other ranks' manifests into its own; the stages' layout entries that
+    come with them complete the layout (rank 0 holds only stage 0's parameters)."""
+    stages = [sections["layout"]]  # rank 0's own entries (and the rest of the section)
+    for r in range(1, run.world):
+        path = staged.file(_partial_manifest(r))
+        with open(path) as f:
+            text, entries = split_partial(f.read())
+        manifest.merge(CK.Manifest.parse(text, f"rank {r}'s manifest ({path})"))
+        os.remove(path)
+        if entries is not None:
+            stages.append(entries)
+    if run.placement.pipeline is not None:
+        sections["layout"].update(join_stage_layouts(run.placement.pipeline, stages))
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True,
@@ -93,6 +116,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         finally:
             run.core.end_entries(False)  # NVMe state and chunks leave host memory: written now
         if run.rank != 0:
+            if run.placement.names_split and run.placement.describes:
+                manifest.set_section(STAGE_LAYOUT, layout_entries(run))
             CK.write_file_durably(staged.file(_partial_manifest(run.rank)), manifest.to_json())
             staged.release()
     except Exception as e:  # noqa: BLE001
@@ -103,11 +128,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     # Phase 3: rank 0 merges, validates, writes manifest.json and renames the directory into place.
     if run.rank == 0:
         try:
-            for r in range(1, run.world):
-                path = staged.file(_partial_manifest(r))
-                with open(path) as f:
-                    manifest.merge(CK.Manifest.parse(f.read(), f"rank {r}'s manifest ({path})"))
-                os.remove(path)
+            _merge_partials(run, staged, manifest, sections)
             for name, value in sections.items():
                 manifest.set_section(name, value)
             manifest.validate_complete(os.path.join(save_dir, tag))
