@@ -121,6 +121,7 @@ void bind_zero(py::module_& m) {
     pipe["virtual_stages"] = c->pipeline.virtual_stages;
     pipe["activation_checkpoint_interval"] = c->pipeline.activation_checkpoint_interval;
     pipe["seed_layers"] = c->pipeline.seed_layers;
+    pipe["partition"] = c->pipeline.partition;
     d["pipeline"] = pipe;
     d["cpu_checkpointing"] = c->activation_checkpointing.cpu_checkpointing;
     return d;

@@ -4,9 +4,12 @@ non-reentrant form underneath); with cpu_checkpointing the kept inputs wait in h
 configure() reads the config's activation_checkpointing block or its keyword overrides."""
 import contextlib
 import json
+import os
 
 import torch
 import torch.utils.checkpoint
+
+from zeroshard.log import log_rank0
 
 _settings = {"cpu_checkpointing": False, "configured": False}
 
@@ -41,13 +44,21 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguou
     partition = block.get("partition_activations", False) if partition_activations is None else partition_activations
     contiguous = (block.get("contiguous_memory_optimization", False) if contiguous_checkpointing is None
                   else contiguous_checkpointing)
-    if partition and (mpu_ is not None and mpu_.get_model_parallel_world_size() > 1):
+    if partition:
         raise ValueError("checkpointing.configure: partition_activations splits activations over "
                          "tensor-parallel ranks, which zeroshard does not have")
     if contiguous:
         raise ValueError("checkpointing.configure: contiguous_memory_optimization "
                          "(contiguous_checkpointing) is not supported")
     cpu = block.get("cpu_checkpointing", False) if checkpoint_in_cpu is None else checkpoint_in_cpu
+    # Timing and buffer-count options, which change nothing here: said, not dropped silently.
+    for key, value in (("synchronize_checkpoint_boundary", synchronize), ("profile", profile),
+                       ("number_checkpoints", num_checkpoints)):
+        value = block.get(key) if value is None else value
+        if value not in (None, False):
+            log_rank0(f"warning: checkpointing.configure: {key}={value!r} has no effect in zeroshard "
+                      "(no device synchronization, profiling or preallocated checkpoint buffers)",
+                      int(os.environ.get("RANK", "0")))
     _settings.update(cpu_checkpointing=bool(cpu), configured=True)
 
 

@@ -37,12 +37,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if isinstance(model, PipelineModule):
         from zeroshard.pipe.engine import PipelineEngine
         engine_class = PipelineEngine
+    else:
+        _warn_unused_pipeline_keys(args, config, config_params)
     engine = engine_class(args=args, model=model, optimizer=optimizer,
                              model_parameters=model_parameters, training_data=training_data,
                              lr_scheduler=lr_scheduler, distributed_port=distributed_port, mpu=mpu,
                              dist_init_required=dist_init_required, collate_fn=collate_fn,
                              config=config, config_params=config_params)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _warn_unused_pipeline_keys(args, config, config_params):
+    """The "pipeline" block acts only on a PipelineModule; set for another model it is said once."""
+    changed = [c for c in config_changes(load_config(args, config, config_params)) if c.startswith("pipeline.")]
+    if changed:
+        log_rank0("warning: the config's pipeline block (" + ", ".join(changed) + ") has no effect: "
+                  "the model is not a zeroshard.pipe.PipelineModule", int(os.environ.get("RANK", "0")))
 
 
 def _param_groups(model, model_parameters, client_optimizer):

@@ -80,7 +80,8 @@ MonitorConfig read_monitor(Block& top, const std::string& name) {
 void read_activation_checkpointing(Block& top, Config& c) {
   Block a = top.child("activation_checkpointing");
   ActivationCheckpointingConfig& ac = c.activation_checkpointing;
-  // These change where activations live (memory): DeepSpeed's checkpointing API is not provided.
+  // Activation partitioning and contiguous buffers change where activations live (memory) and
+  // need tensor parallelism or DeepSpeed's buffers, which zeroshard.checkpointing does not have.
   a.reject_unless_default("partition_activations", false, "activation partitioning");
   a.reject_unless_default("contiguous_memory_optimization", false, "contiguous activation memory");
   // zeroshard.checkpointing keeps checkpointed inputs in host memory with it (engine or configure()).

@@ -112,14 +112,17 @@ def _config_errors():
     attempt("stage2", lambda: _engine(1, extra={"zero_optimization": {"stage": 2}}))
     attempt("stages_key", lambda: _engine(1, extra={"pipeline": {"stages": 2}}))
     attempt("virtual_key", lambda: _engine(1, extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
-    attempt("virtual_module", lambda: _engine(1, virtual_stages=2))
+    attempt("virtual_module", lambda: _engine(2, virtual_stages=2))
     attempt("schedule_value", lambda: _engine(1, extra={"pipeline": {"schedule": "looped_bfs"}}))
     attempt("partition", lambda: PipelineModule(layer_specs(2), num_stages=1, partition_method="profile"))
     attempt("regex", lambda: PipelineModule(layer_specs(2), num_stages=1, partition_method="type:attention"))
-    attempt("too_few_layers", lambda: PipelineModule(layer_specs(0)[:2], num_stages=1, virtual_stages=3))
+    attempt("too_few_layers", lambda: PipelineModule(layer_specs(0)[:3], num_stages=2, virtual_stages=2))
     attempt("not_dividing", lambda: PipelineModule(layer_specs(2), num_stages=3))
     attempt("interleave_gas", lambda: _engine(2, gas=3, virtual_stages=2,
                                               extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+    attempt("one_stage_virtual", lambda: PipelineModule(layer_specs(2), num_stages=1, virtual_stages=2))
+    attempt("partition_key", lambda: _engine(1, extra={"pipeline": {"partition": "uniform"}}))
+    attempt("interval_key", lambda: _engine(1, extra={"pipeline": {"activation_checkpoint_interval": 2}}))
     engine = _engine(1)
     for name in ("forward", "backward", "step"):
         try:
@@ -139,8 +142,58 @@ def test_configuration_errors_name_the_key():
     assert "pipeline.schedule: got \"looped_bfs\", expected one of" in out["schedule_value"]
     assert "partition_method 'profile', expected 'parameters', 'uniform' or 'type:<regex>'" in out["partition"]
     assert "matches no layer; the layers' types are" in out["regex"]
-    assert "2 layers cannot fill 3 stages" in out["too_few_layers"]
+    assert "3 layers cannot fill 4 stages" in out["too_few_layers"]
     assert "num_stages 3 must divide the world size 2" in out["not_dividing"]
     assert "gradient_accumulation_steps: got 3; the interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
+    assert "virtual_stages 2 with one pipeline stage" in out["one_stage_virtual"]
+    assert "pipeline.partition: got 'uniform', but the PipelineModule was built with partition_method='parameters'" in out["partition_key"]
+    assert "pipeline.activation_checkpoint_interval: got 2, but the PipelineModule was built with activation_checkpoint_interval=0" in out["interval_key"]
     for name in ("forward", "backward", "step"):
         assert out[name] and "Only train_batch() and eval_batch()" in out[name]
+
+
+def _deepspeed_style_data():
+    """DeepSpeedExamples' pipeline script: initialize(training_data=dataset), then train_batch()
+    with no iterator; and a last layer that returns the loss itself (loss_fn=None)."""
+    import torch
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import VOCAB, SEQ, layer_specs, loss_fn
+
+    class Dataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            t = torch.randint(0, VOCAB, (SEQ + 1,), generator=g)
+            return t[:-1], t[1:]
+
+    net = PipelineModule(layers=layer_specs(2, tied=False), num_stages=2, loss_fn=loss_fn, seed_layers=True)
+    net_loss = PipelineModule(layers=layer_specs(2, tied=False) + [lambda logits: logits.float().square().mean()],
+                              num_stages=2, loss_fn=None, seed_layers=True)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000}
+    engine, _, loader, _ = zeroshard.initialize(model=net_loss, config=config, training_data=Dataset(),
+                                                model_parameters=[p for p in net_loss.parameters() if p.requires_grad])
+    losses = [float(engine.train_batch()) for _ in range(3)]
+    # A stored iterator: train_batch(it) once, then train_batch() reads on from it.
+    engine2, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
+    it = iter([(torch.zeros(MICRO, SEQ, dtype=torch.long), torch.zeros(MICRO, SEQ, dtype=torch.long))] * 4)
+    try:
+        engine2.train_batch(it)
+        engine2.train_batch()
+        read_on = "ok"
+    except Exception as error:  # noqa: BLE001
+        read_on = f"{type(error).__name__}: {error}"
+    return {"losses": losses, "steps": engine.global_steps, "loader": loader is not None, "read_on": read_on}
+
+
+def test_training_data_and_a_layer_that_returns_the_loss():
+    results = run_distributed(_deepspeed_style_data, 2, timeout=120)
+    for r in results:
+        assert r["steps"] == 3 and r["loader"]
+        assert all(l == l and l > 0 for l in r["losses"]), r["losses"]
+        assert r["losses"] == results[0]["losses"]  # every rank returns the same mean loss
+        assert r["read_on"] == "ok", r["read_on"]

@@ -37,6 +37,9 @@ class PipelineEngine(ZeroShardEngine):
         self._pipe_comm = new_comm(self._grid.get_pipe_parallel_group()) if self.module.num_stages > 1 else None
         if self._pipe_comm is not None:
             self._core.set_model_parallel(self._pipe_comm)
+        # (op, micro-batch, chunk, start, end) per instruction of each train_batch, on the
+        # monotonic clock every process shares, when a benchmark sets it to a list.
+        self._timeline = None
         self.data_iterator = None
         if self.training_dataloader is not None:
             self.data_iterator = _repeat(self.training_dataloader)
@@ -45,7 +48,10 @@ class PipelineEngine(ZeroShardEngine):
                   f"schedule {self._schedule}" + (f" with {self.module.virtual_stages} chunks per rank"
                                                   if self.module.virtual_stages > 1 else "") +
                   f", {self._gas} micro-batches per step; bubble {report['bubble_fraction']:.3f} at "
-                  f"unit costs, activations held at once per stage {peaks}", self.global_rank)
+                  f"unit costs, activations held at once per stage {peaks}" +
+                  (" until each input-gradient pass (the graphs stay until the weight passes: up to "
+                   f"{self.module.num_stages} per stage)" if self._schedule == "zero_bubble" else ""),
+                  self.global_rank)
 
     # ----- the axes (ZeroShardEngine's set-up calls these) -----
     def _data_parallel_size(self, mpu):
@@ -75,6 +81,17 @@ class PipelineEngine(ZeroShardEngine):
         if stages != "auto" and int(stages) != self.module.num_stages:
             raise ValueError(f"pipeline.stages: got {stages}, the PipelineModule has "
                              f"{self.module.num_stages} stages (num_stages / topology)")
+        # DeepSpeed takes these from the PipelineModule; a config value that disagrees with it
+        # would silently not apply, so it is an error.
+        module_side = {"partition": (self.module.partition_method, "best", "partition_method"),
+                       "seed_layers": (self.module.seed_layers, False, "seed_layers"),
+                       "activation_checkpoint_interval": (self.module.activation_checkpoint_interval, 0,
+                                                          "activation_checkpoint_interval")}
+        for key, (used, default, argument) in module_side.items():
+            if settings[key] != default and settings[key] != used:
+                raise ValueError(f"pipeline.{key}: got {settings[key]!r}, but the PipelineModule was built "
+                                 f"with {argument}={used!r}, which is what runs; pass it to "
+                                 "PipelineModule (or leave the key out)")
         if settings["virtual_stages"] != self.module.virtual_stages:
             raise ValueError(f"pipeline.virtual_stages: got {settings['virtual_stages']}, the "
                              f"PipelineModule was built with virtual_stages="
@@ -83,10 +100,6 @@ class PipelineEngine(ZeroShardEngine):
             raise ValueError(f"gradient_accumulation_steps: got {self._gas}; the interleaved_1f1b "
                              "schedule takes micro-batches through the chunks in groups of "
                              f"num_stages, so it must be a multiple of {self.module.num_stages}")
-        if self.module.virtual_stages > 1 and settings["schedule"] != "interleaved_1f1b":
-            raise ValueError(f"pipeline.schedule: got \"{settings['schedule']}\" for a PipelineModule "
-                             f"with virtual_stages={self.module.virtual_stages}; several model chunks "
-                             "per rank run only with \"interleaved_1f1b\"")
 
     # ----- what DeepSpeed's pipeline engine refuses -----
     def forward(self, *args, **kwargs):
@@ -129,9 +142,14 @@ class PipelineEngine(ZeroShardEngine):
         and the bubble fraction."""
         return dict(self._schedule_report)
 
+    def _checkpoint_placement(self):
+        """Which of this stage's pieces this rank writes (read by checkpoint/layout.py's RunView)."""
+        from zeroshard.checkpoint.pipeline import placement_of
+        return placement_of(self)
+
     # ----- data and loss -----
     def _needs_data(self):
-        return self.module.stage_id in (0, (self.module.num_global_stages - 1) % self.module.num_stages)
+        return self.module.stage_id in (0, self.module.last_stage_rank)
 
     def _next_micro_batch(self, data_iter, mb):
         source = data_iter if data_iter is not None else self.data_iterator
@@ -169,8 +187,13 @@ class PipelineEngine(ZeroShardEngine):
         """Runs gradient_accumulation_steps micro-batches through the schedule and steps; returns
         the mean loss (over micro-batches and data-parallel ranks) on every rank."""
         self._refuse_if_destroyed()
+        if not torch.is_grad_enabled():
+            raise RuntimeError("train_batch: gradients are disabled (inside torch.no_grad()?); use "
+                               "eval_batch to evaluate")
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)  # as DeepSpeed: a later train_batch() reads on from it
         self.module.train()
-        run = TrainStep(self, data_iter if self._needs_data() else None)
+        run = TrainStep(self, self.data_iterator if self._needs_data() else None)
         run.run(self._instructions)
         loss = self._share_loss(run.losses)
         self._step_after_schedule()
@@ -181,7 +204,7 @@ class PipelineEngine(ZeroShardEngine):
     def _step_after_schedule(self):
         duplicate = 0.0
         for key, stages, _ in self.module.tied_groups():
-            if self.module.stage_id != stages[0]:  # the first owner counts the tied weight
+            if not self.module.counts_tie(key):
                 for w in self.module.tied_weights(key):
                     duplicate += float(w.grad.double().pow(2).sum())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -197,7 +220,7 @@ class PipelineEngine(ZeroShardEngine):
 
     def _share_loss(self, losses):
         """The last stage's mean loss, averaged over its data-parallel ranks, on every rank."""
-        last = (self.module.num_global_stages - 1) % self.module.num_stages
+        last = self.module.last_stage_rank
         local = float(torch.stack(losses).float().mean()) if losses else 0.0
         total = local if self.module.stage_id == last else 0.0
         if self.dp_world_size > 1:

@@ -37,7 +37,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                                        engine._grid.stage_to_global((stage + 1) % p))
     finally:
         module.train(was_training)
-    holds_last = module.stage_id == last % p
+    holds_last = module.stage_id == module.last_stage_rank
     if reduce_output is None:
         output = results if holds_last else None
     else:
@@ -49,6 +49,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                 output = output.contiguous()
                 engine._comm.all_reduce(output, "eval_batch output")
                 output /= engine.dp_world_size
+        # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
         if compute_loss and bcast_loss and engine._pipe_comm is not None:
             value = float(output) if holds_last else 0.0
             output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0])

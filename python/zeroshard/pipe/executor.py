@@ -5,6 +5,7 @@ arrive for the output or leave for the input. A compute instruction that raises 
 through the world communicator before it propagates, so every rank's error names the stage and
 the micro-batch (see _reported)."""
 import contextlib
+import time
 
 import torch
 
@@ -24,7 +25,7 @@ class TrainStep:
         self.links = engine._links
         self.data_iter = data_iter
         self.p = self.module.num_stages
-        self.last_stage = self.module.num_global_stages - 1
+        self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.gas = engine._gas
         self.batches = {}
         self.inputs = {}      # (mb, chunk) -> tuple: the stage's input (received tensors are leaves)
@@ -43,10 +44,16 @@ class TrainStep:
             "receive_gradient": self.receive_gradient, "reduce_tied": self.reduce_tied,
             "reduce_data_parallel": self.reduce_data_parallel,
         }
+        timeline = self.engine._timeline  # a list when the benchmark records, else None
         for op, mb, chunk, peer in instructions:
             if op == "optimizer_step":
                 continue  # the engine steps after the list, with the losses in hand
+            if timeline is None:
+                handlers[op](mb, chunk, peer)
+                continue
+            start = time.perf_counter()
             handlers[op](mb, chunk, peer)
+            timeline.append((op, mb, chunk, start, time.perf_counter()))
 
     @contextlib.contextmanager
     def _reported(self, op, mb, chunk):
@@ -64,7 +71,7 @@ class TrainStep:
 
     # ----- data -----
     def load_micro_batch(self, mb, chunk, peer):
-        with self._reported("load_micro_batch", mb, 0):
+        with self._reported("load_micro_batch", mb, chunk):
             self.batches[mb] = self.engine._next_micro_batch(self.data_iter, mb)
 
     # ----- compute -----
@@ -116,9 +123,12 @@ class TrainStep:
         with self._reported("backward_input", mb, chunk):
             roots, grads = self._roots(mb, chunk)
             self.outputs[(mb, chunk)] = (roots, grads)  # W starts from the same roots
-            if self.module.global_stage(chunk) == 0 or not roots:
+            if self.module.global_stage(chunk) == 0:
                 return
             floats = [x for x in _floating(self.inputs[(mb, chunk)]) if x.requires_grad]
+            if not roots:  # nothing reaches the outputs: the previous stage gets zeros, as in backward
+                self._input_grads(mb, chunk, [None] * len(floats))
+                return
             got = torch.autograd.grad(roots, floats, grads, retain_graph=True, allow_unused=True)
             self._input_grads(mb, chunk, got)
 
@@ -170,7 +180,10 @@ class TrainStep:
         for key, stages, comm in self.module.tied_groups():
             for attr, weight in zip(self.module.tied_weight_attrs[key], self.module.tied_weights(key)):
                 if weight.grad is None:
-                    weight.grad = torch.zeros_like(weight)
+                    # No use of it reached this copy: zeros go into the engine's gradient view
+                    # (a fresh tensor would be summed, then dropped by the data-parallel step).
+                    self.core.grad_ready(weight._zeroshard_index, torch.zeros_like(weight))
+                    weight.grad = self.engine._grad_views[weight._zeroshard_index]
                 comm.all_reduce(weight.grad, f"tied gradient {key}.{attr} over stages {stages}")
 
     def reduce_data_parallel(self, mb, chunk, peer):

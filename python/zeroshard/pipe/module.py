@@ -2,6 +2,7 @@
 building only its own (LayerSpec), weights tied across stages (TiedLayerSpec), and the
 partition chosen by parameters, layer count or layer type. The engine (pipe/engine.py) runs it
 through a schedule; forward(x, chunk) runs one model chunk of this rank."""
+import functools
 import re
 
 import torch
@@ -47,7 +48,7 @@ class PipelineModule(torch.nn.Module):
                  checkpointable_layers=None, virtual_stages=1, dynamic_shape=False):
         super().__init__()
         if num_stages is None and topology is None:
-            raise RuntimeError("PipelineModule: give num_stages or topology")
+            raise ValueError("PipelineModule: give num_stages or topology")
         if dynamic_shape:
             raise ValueError("PipelineModule: dynamic_shape=True is not supported; stage boundary "
                              "shapes are agreed at the first micro-batch and checked after")
@@ -72,6 +73,9 @@ class PipelineModule(torch.nn.Module):
                              f"world has {world}")
         if int(virtual_stages) < 1:
             raise ValueError(f"PipelineModule: virtual_stages {virtual_stages}, expected >= 1")
+        if int(virtual_stages) > 1 and topology.get_dim("pipe") == 1:
+            raise ValueError(f"PipelineModule: virtual_stages {virtual_stages} with one pipeline stage; "
+                             "model chunks interleave over several stages (use virtual_stages=1)")
         self._topo = topology
         self._grid = PipelineParallelGrid(topology, rank)
         self.global_rank = rank
@@ -108,6 +112,16 @@ class PipelineModule(torch.nn.Module):
     def num_global_stages(self):
         return self.num_stages * self.virtual_stages
 
+    @property
+    def last_stage_rank(self):
+        """The pipeline rank holding the last global stage (the loss, the labels)."""
+        return (self.num_global_stages - 1) % self.num_stages
+
+    def counts_tie(self, key):
+        """Whether this stage is the tie's first owner, the one that counts and writes the tied
+        weight (the gradient norm, checkpoints); the other owners hold copies."""
+        return self.stage_id == self._tied[key][0][0]
+
     def topology(self):
         return self._topo
 
@@ -128,7 +142,7 @@ class PipelineModule(torch.nn.Module):
         if lowered == "uniform":
             return list(_C.pipeline.partition_uniform(n, parts))
         if lowered == "parameters":
-            weights = [float(_trainable_count(layer)) for layer in self._layer_specs]
+            weights = [float(c) for c in self._layer_counts()]
         elif isinstance(lowered, str) and lowered.startswith("type:"):
             pattern = method.split(":", 1)[1]
             try:
@@ -144,12 +158,18 @@ class PipelineModule(torch.nn.Module):
             raise ValueError(f"PipelineModule: partition_method {method!r}, expected {PARTITION_METHODS}")
         return list(_C.pipeline.partition_balanced(weights, parts))
 
+    def _layer_counts(self):
+        """Each layer's trainable parameters (a LayerSpec built once on the meta device to count)."""
+        if getattr(self, "_counts", None) is None:
+            self._counts = [_trainable_count(layer) for layer in self._layer_specs]
+        return self._counts
+
     def _log_partition(self):
         lines = []
         for s in range(self.num_global_stages):
             lo, hi = self.parts[s], self.parts[s + 1]
             names = [_layer_name(layer) for layer in self._layer_specs[lo:hi]]
-            count = sum(_trainable_count(layer) for layer in self._layer_specs[lo:hi])
+            count = sum(self._layer_counts()[lo:hi])
             where = f"rank {s % self.num_stages}" + (f" chunk {s // self.num_stages}" if self.virtual_stages > 1 else "")
             lines.append(f"  stage {s} ({where}): layers {lo}-{hi - 1} {names} {count} parameters")
         log_rank0(f"pipeline partition by {self.partition_method!r} over {self.num_global_stages} "
@@ -212,7 +232,8 @@ class PipelineModule(torch.nn.Module):
 
     def tied_weights(self, key):
         module = self.tied_modules[key]
-        return [getattr(module, attr) for attr in self.tied_weight_attrs[key]]
+        # Dotted names reach into submodules ("word_embeddings.weight"), as DeepSpeed's.
+        return [functools.reduce(getattr, attr.split("."), module) for attr in self.tied_weight_attrs[key]]
 
     def _synchronize_tied_weights(self):
         for key, (stages, comm) in self._tied.items():

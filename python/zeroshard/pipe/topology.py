@@ -124,7 +124,6 @@ class PipelineParallelGrid:
             if global_rank in ranks:
                 self.pp_group, self.pp_ranks = group, ranks
 
-    @property
     def topology(self):
         return self._topo
 
