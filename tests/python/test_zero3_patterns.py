@@ -369,8 +369,8 @@ def external_read_worker(kind, precision):
     assert engine._core.coordinator.trace_invalidations == 0  # the readers joined the order without a warning
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+# bf16 at world 2 only (CI's time budget): world 4's gathers are the same code, covered in fp32.
+@pytest.mark.parametrize("precision,world", [("fp32", 2), ("bf16", 2), ("fp32", 4)])
 @pytest.mark.parametrize("kind", list(READERS))
 def test_a_parameter_read_outside_its_module_is_gathered(kind, precision, world):
     run_distributed(external_read_worker, world, kind, precision, timeout=240)
