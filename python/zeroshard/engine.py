@@ -32,12 +32,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("initialize: model is required")
     if mesh_param is not None:
         raise ValueError("initialize: mesh_param (sequence/tensor-parallel meshes) is not supported")
-    from zeroshard.pipe.module import PipelineModule
-    engine_class = ZeroShardEngine
-    if isinstance(model, PipelineModule):
-        from zeroshard.pipe.engine import PipelineEngine
-        engine_class = PipelineEngine
-    else:
+    # A model that needs another engine names it (PipelineModule: zeroshard/pipe/engine.py's), so
+    # this module never imports the engines built on it.
+    engine_for = getattr(model, "_zeroshard_engine_class", None)
+    engine_class = engine_for() if engine_for is not None else ZeroShardEngine
+    if engine_for is None:
         _warn_unused_pipeline_keys(args, config, config_params)
     engine = engine_class(args=args, model=model, optimizer=optimizer,
                              model_parameters=model_parameters, training_data=training_data,

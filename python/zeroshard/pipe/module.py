@@ -104,6 +104,11 @@ class PipelineModule(torch.nn.Module):
         self._synchronize_tied_weights()
         self._log_partition()
 
+    def _zeroshard_engine_class(self):
+        """The engine initialize() wraps this module in (zeroshard/engine.py asks)."""
+        from zeroshard.pipe.engine import PipelineEngine
+        return PipelineEngine
+
     # ----- layout -----
     def global_stage(self, chunk):
         return chunk * self.num_stages + self.stage_id
