@@ -3,9 +3,7 @@ buckets differ from rank 0's) ends on every rank in a CommError naming each rank
 sequence number, within the timeout: at once with ZEROSHARD_DEBUG_COLLECTIVES=1 (the agreement
 check), and within ZEROSHARD_TIMEOUT without it. A rank that dies before a collective is named by
 its last collective on the rank that survives."""
-import multiprocessing as mp
 import os
-import queue
 import re
 import time
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from harness import _entry, free_port, run_distributed
+from harness import run_distributed, run_tolerating_deaths
 
 ENGINE_TIMEOUT_S = 6.0  # ZEROSHARD_TIMEOUT=0.1 minutes
 # After the timeout: up to 3 s for the other ranks' reports, the store reads, slack for a busy box.
@@ -110,7 +108,7 @@ def test_without_debug_every_rank_ends_within_the_timeout_naming_every_rank(stag
     naming both ranks' sequence numbers and collectives."""
     env = {"ZEROSHARD_TIMEOUT": str(ENGINE_TIMEOUT_S / 60), "OMP_NUM_THREADS": "1"}
     prefix = str(tmp_path / "stderr")
-    got, exitcodes = _run_tolerating_deaths(desync_worker, 2, stage, 3, prefix,
+    got, exitcodes = run_tolerating_deaths(desync_worker, 2, stage, 3, prefix,
                                             timeout=HARNESS_TIMEOUT_S, env=env)
     # Each rank either raised the error or was ended by Gloo and printed it; sometimes both ranks
     # receive a wrong size, and both are ended.
@@ -157,46 +155,9 @@ def dying_worker(steps_before_death):
     return {"error": None}
 
 
-def _run_tolerating_deaths(fn, world, *args, timeout, env):
-    """harness.run_distributed fails the test as soon as a rank dies; here ranks die on purpose
-    (or by Gloo's hand), so collect what the others report, with the harness's own per-rank entry
-    point. Returns ({rank: (status, value)}, exit codes)."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, results, args, {}, env), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            pending = [r for r in range(world) if r not in got and procs[r].exitcode is None]
-            if not pending:
-                break
-            try:
-                rank, status, value = results.get(timeout=1.0)
-                got[rank] = (status, value)
-            except queue.Empty:
-                pass
-        while True:  # results put just before a rank exited
-            try:
-                rank, status, value = results.get(timeout=0.5)
-                got[rank] = (status, value)
-            except queue.Empty:
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    return got, [p.exitcode for p in procs]
-
-
 def test_a_dead_rank_is_named_by_its_last_collective():
     env = {"ZEROSHARD_TIMEOUT": str(ENGINE_TIMEOUT_S / 60), "OMP_NUM_THREADS": "1"}
-    got, exitcodes = _run_tolerating_deaths(dying_worker, 2, 2, timeout=HARNESS_TIMEOUT_S, env=env)
+    got, exitcodes = run_tolerating_deaths(dying_worker, 2, 2, timeout=HARNESS_TIMEOUT_S, env=env)
     assert exitcodes[1] == 1
     assert 0 in got and got[0][0] == "ok", got
     out = got[0][1]

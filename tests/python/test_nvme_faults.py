@@ -17,9 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from harness import run_distributed
+from harness import run_distributed, run_tolerating_deaths
 from models import global_batch, tiny_gpt
-from test_hangs import _run_tolerating_deaths
 
 KEY = "zero_optimization.offload_optimizer.nvme_path"
 ENGINE_TIMEOUT_S = 6.0
@@ -155,7 +154,7 @@ def fault_worker(path, fault_rank, fault, stage):
 ])
 def test_an_io_error_mid_step_names_file_offset_and_size_and_ends_every_rank(tmp_path, fault, words, stage):
     env = {"ZEROSHARD_TIMEOUT": str(ENGINE_TIMEOUT_S / 60), "OMP_NUM_THREADS": "1"}
-    got, _ = _run_tolerating_deaths(fault_worker, 2, tmp_path, 1, fault, stage, timeout=90, env=env)
+    got, _ = run_tolerating_deaths(fault_worker, 2, tmp_path, 1, fault, stage, timeout=90, env=env)
     assert set(got) == {0, 1}, got
     failing = got[1][1]
     assert failing["error"] is not None, got
