@@ -30,6 +30,13 @@ at::Tensor bare(const at::Tensor& t) { return t.detach(); }
 }  // namespace
 
 void bind_runtime(py::module_& m) {
+  // A send or receive in flight (Comm.isend / Comm.irecv, the pipeline's transfers): wait()
+  // returns when it is done and raises the CommError naming every rank when it failed or timed
+  // out; a second wait() returns at once.
+  py::class_<CommWork, std::shared_ptr<CommWork>>(m, "CommWork")
+      .def("wait", &CommWork::wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("pending", &CommWork::pending)
+      .def_property_readonly("description", &CommWork::description);
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
       // store: the group's c10d Store (dist.distributed_c10d._get_default_store() for WORLD), so
       // that errors name every rank's collective. debug_collectives: None reads
@@ -109,6 +116,20 @@ void bind_runtime(py::module_& m) {
       .def("recv",
            [](Comm& c, const at::Tensor& t, int src, int tag, const std::string& what) {
              c.recv(bare(t), src, tag, what).wait();
+           },
+           py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("what") = "python",
+           py::call_guard<py::gil_scoped_release>())
+      // The same, returning at once: the transfer runs on the backend's own thread while the
+      // caller computes. The caller keeps the tensor unchanged (and alive) until wait().
+      .def("isend",
+           [](Comm& c, const at::Tensor& t, int dst, int tag, const std::string& what) {
+             return std::make_shared<CommWork>(c.send(bare(t), dst, tag, what));
+           },
+           py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("what") = "python",
+           py::call_guard<py::gil_scoped_release>())
+      .def("irecv",
+           [](Comm& c, const at::Tensor& t, int src, int tag, const std::string& what) {
+             return std::make_shared<CommWork>(c.recv(bare(t), src, tag, what));
            },
            py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>())

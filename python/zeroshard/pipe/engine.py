@@ -10,7 +10,7 @@ from zeroshard.engine import ZeroShardEngine
 from zeroshard.log import log_rank0
 from zeroshard.pipe import PipelineError
 from zeroshard.pipe.executor import TrainStep
-from zeroshard.pipe.p2p import StageLinks, as_tuple
+from zeroshard.pipe.p2p import StageLinks
 
 _TRAIN_ONLY = ("Only train_batch() and eval_batch() are accessible in pipeline mode: a pipeline "
                "runs forward, backward and step for all micro-batches of a batch together")

@@ -1,6 +1,6 @@
 """PipelineEngine.eval_batch: forward only. Micro-batch after micro-batch, each through every
 model chunk in order; with no backward to interleave there is nothing to schedule, and the
-chain of blocking sends and receives cannot deadlock (each waits only on an earlier stage)."""
+chain of sends and receives cannot deadlock (each receive waits only on an earlier stage)."""
 import torch
 
 from zeroshard.pipe.p2p import as_tuple
@@ -35,6 +35,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                 if stage != last:
                     engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
                                        engine._grid.stage_to_global((stage + 1) % p))
+        engine._links.finish()  # the sends are done before the outputs' tensors may be reused
     finally:
         module.train(was_training)
     holds_last = module.stage_id == module.last_stage_rank

@@ -11,6 +11,7 @@ import torch
 
 from zeroshard import _C
 from zeroshard.pipe.p2p import as_tuple
+from zeroshard.pipe.weight_pass import WeightPass, backward_input
 
 
 def _floating(tensors):
@@ -32,6 +33,8 @@ class TrainStep:
         self.outputs = {}     # (mb, chunk) -> tuple of outputs; (scaled loss,) on the last stage
         self.out_grads = {}   # (mb, chunk) -> gradients received for the floating outputs
         self.in_grads = {}    # (mb, chunk) -> gradients of the floating inputs, to send
+        self.weight_passes = {}  # (mb, chunk) -> zero bubble's W, left by its B
+        self.posted = {}      # (receive op, mb, chunk) -> a receive started ahead of its instruction
         self.losses = []
 
     # ----- running -----
@@ -44,8 +47,11 @@ class TrainStep:
             "receive_gradient": self.receive_gradient, "reduce_tied": self.reduce_tied,
             "reduce_data_parallel": self.reduce_data_parallel,
         }
+        ahead = _receives_ahead(instructions) if self.links.posts_ahead else {}
         timeline = self.engine._timeline  # a list when the benchmark records, else None
-        for op, mb, chunk, peer in instructions:
+        for i, (op, mb, chunk, peer) in enumerate(instructions):
+            for j in ahead.get(i, ()):
+                self._post(*instructions[j])
             if op == "optimizer_step":
                 continue  # the engine steps after the list, with the losses in hand
             if timeline is None:
@@ -54,6 +60,7 @@ class TrainStep:
             start = time.perf_counter()
             handlers[op](mb, chunk, peer)
             timeline.append((op, mb, chunk, start, time.perf_counter()))
+        self.links.finish()
 
     @contextlib.contextmanager
     def _reported(self, op, mb, chunk):
@@ -101,55 +108,52 @@ class TrainStep:
         pairs = [(o, g) for o, g in zip(_floating(outs), grads) if o.requires_grad]
         return [o for o, _ in pairs], [g for _, g in pairs]
 
-    def _input_grads(self, mb, chunk, grads=None):
-        """Gradients of the floating inputs (zeros where the input did not reach the output)."""
+    def _input_grads(self, mb, chunk):
+        """Gradients of the floating inputs, from backward (zeros where the input did not reach
+        the output)."""
         if self.module.global_stage(chunk) == 0:
             return
         floats = _floating(self.inputs[(mb, chunk)])
-        if grads is None:
-            grads = [x.grad for x in floats]
-        self.in_grads[(mb, chunk)] = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(floats, grads))
+        self.in_grads[(mb, chunk)] = tuple(torch.zeros_like(x) if x.grad is None else x.grad for x in floats)
 
     def backward(self, mb, chunk, peer):
         with self._reported("backward", mb, chunk):
             roots, grads = self._roots(mb, chunk)
-            self._autograd(roots, grads)
+            if roots:
+                self._accumulating(lambda: torch.autograd.backward(roots, grads if grads[0] is not None else None))
             self._input_grads(mb, chunk)
             self.outputs.pop((mb, chunk))
             self.inputs.pop((mb, chunk), None)
 
     def backward_input(self, mb, chunk, peer):
-        """Zero bubble's B: only the input's gradient (the graph is kept for W)."""
+        """Zero bubble's B: the input's gradient now; what the weights need is kept for W
+        (pipe/weight_pass.py)."""
         with self._reported("backward_input", mb, chunk):
             roots, grads = self._roots(mb, chunk)
-            self.outputs[(mb, chunk)] = (roots, grads)  # W starts from the same roots
-            if self.module.global_stage(chunk) == 0:
-                return
-            floats = [x for x in _floating(self.inputs[(mb, chunk)]) if x.requires_grad]
-            if not roots:  # nothing reaches the outputs: the previous stage gets zeros, as in backward
-                self._input_grads(mb, chunk, [None] * len(floats))
-                return
-            got = torch.autograd.grad(roots, floats, grads, retain_graph=True, allow_unused=True)
-            self._input_grads(mb, chunk, got)
+            self.outputs.pop((mb, chunk))
+            first = self.module.global_stage(chunk) == 0
+            floats = [] if first else [x for x in _floating(self.inputs[(mb, chunk)]) if x.requires_grad]
+            self.weight_passes[(mb, chunk)] = (self._accumulating(lambda: backward_input(roots, grads, floats))
+                                               if roots else WeightPass([]))
+            self._input_grads(mb, chunk)  # zeros where nothing reached an input
 
     def backward_weight(self, mb, chunk, peer):
         """Zero bubble's W: the weights' gradients, accumulated where the engine's hooks see them."""
         with self._reported("backward_weight", mb, chunk):
-            roots, grads = self.outputs.pop((mb, chunk))
-            params = self.module.chunk_parameters(chunk)
-            self._autograd(roots, grads, inputs=params or None)
+            self._accumulating(self.weight_passes.pop((mb, chunk)).run)
             self.inputs.pop((mb, chunk), None)
 
-    def _autograd(self, roots, grads, inputs=None):
-        if not roots:
-            return
-        self.core.before_backward(False)  # every micro-batch accumulates; reduce_data_parallel reduces
+    def _accumulating(self, backward):
+        """Runs backward() as one of the micro-batch's non-boundary backwards (the gradients
+        accumulate; reduce_data_parallel reduces them at the end of the step)."""
+        self.core.before_backward(False)
         try:
-            torch.autograd.backward(roots, [g for g in grads] if grads[0] is not None else None, inputs=inputs)
+            result = backward()
         except BaseException as error:
             self.engine._clean_up_after(error, self.core.abort_backward)
             raise
         self.core.after_backward(False)
+        return result
 
     # ----- transfers -----
     def send_activation(self, mb, chunk, peer):
@@ -159,7 +163,8 @@ class TrainStep:
 
     def receive_activation(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
-        tensors = self.links.receive("activation", stage, mb, self._peer(peer))
+        tensors = self.links.receive("activation", stage, mb, self._peer(peer),
+                                     posted=self.posted.pop(("receive_activation", mb, chunk), None))
         for t in tensors:
             if t.is_floating_point():
                 t.requires_grad_()
@@ -173,7 +178,23 @@ class TrainStep:
     def receive_gradient(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
         like = _floating(self.outputs[(mb, chunk)])
-        self.out_grads[(mb, chunk)] = self.links.receive("gradient", stage + 1, mb, self._peer(peer), like=like)
+        self.out_grads[(mb, chunk)] = self.links.receive(
+            "gradient", stage + 1, mb, self._peer(peer), like=like,
+            posted=self.posted.pop(("receive_gradient", mb, chunk), None))
+
+    def _post(self, op, mb, chunk, peer):
+        """Starts a later receive now, so that its data arrives while this rank computes; left to
+        its instruction when its layout is not known yet."""
+        stage = self.module.global_stage(chunk)
+        if op == "receive_activation":
+            posted = self.links.post("activation", stage, mb, self._peer(peer))
+        elif (mb, chunk) in self.outputs:
+            posted = self.links.post("gradient", stage + 1, mb, self._peer(peer),
+                                     like=_floating(self.outputs[(mb, chunk)]))
+        else:
+            posted = None
+        if posted is not None:
+            self.posted[(op, mb, chunk)] = posted
 
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):
@@ -190,3 +211,18 @@ class TrainStep:
         # An empty boundary backward: the reducer reduces every bucket (stages 0 and 1).
         self.core.before_backward(True)
         self.core.after_backward(True)
+
+
+_COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+
+
+def _receives_ahead(instructions):
+    """index of a compute instruction -> the receives between it and the next compute, which
+    run() starts before that computation (their data arrives while it runs)."""
+    ahead, current = {}, None
+    for i, (op, *_rest) in enumerate(instructions):
+        if op in _COMPUTE:
+            current = i
+        elif op.startswith("receive_") and current is not None:
+            ahead.setdefault(current, []).append(i)
+    return ahead

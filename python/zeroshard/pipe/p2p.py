@@ -3,7 +3,13 @@
 tensors crossing each stage boundary (a tensor or a tuple of them) are described once, at the
 first micro-batch: the sender sends their dtypes and shapes, both sides keep that layout, and
 every later micro-batch is checked against it on the sending side, so a shape that changes is an
-error naming the stage, the micro-batch and both shapes instead of a receive of the wrong size."""
+error naming the stage, the micro-batch and both shapes instead of a receive of the wrong size.
+
+Sends return at once (the backend's thread moves the data while the stage computes) and are
+waited for at the end of the step (finish). Receives can be posted ahead of the instruction that
+waits for them (post), so that the data arrives during the computation before it: on Gloo only,
+which matches transfers by tag; NCCL matches a pair of ranks' transfers in the order they are
+issued, and a receive moved ahead of a send could meet its peer's receive first."""
 import torch
 
 # dtype <-> the code sent in a layout message
@@ -29,11 +35,25 @@ def as_tuple(value, what):
     return tuple(items)
 
 
+class _Posted:
+    """A receive in flight: its buffers and their transfers."""
+
+    def __init__(self, tensors, works):
+        self.tensors, self.works = tensors, works
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+        return self.tensors
+
+
 class StageLinks:
     def __init__(self, comm, device):
         self._comm = comm
         self._device = device
-        self._agreed = {}  # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
+        self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
+        self._sending = []  # (work, tensor): sends in flight, the tensor kept until its work is done
+        self.posts_ahead = comm.backend != "nccl"
 
     @staticmethod
     def _tag(kind, micro_batch, stage):
@@ -43,7 +63,7 @@ class StageLinks:
 
     def send(self, tensors, kind, stage, micro_batch, peer):
         """tensors: the activation entering global stage `stage`, or the gradient leaving it
-        (sent back to stage - 1), to global rank `peer`."""
+        (sent back to stage - 1), to global rank `peer`. Returns once the transfers are issued."""
         layout = _layout(tensors)
         key = (kind, stage)
         if key not in self._agreed:
@@ -59,25 +79,42 @@ class StageLinks:
                              "(pad variable-length batches to one length)")
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
         for i, t in enumerate(tensors):
-            self._comm.send(t.detach().contiguous(), peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]")
+            t = t.detach().contiguous()
+            self._sending.append((self._comm.isend(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"), t))
 
-    def receive(self, kind, stage, micro_batch, peer, like=None):
-        """The activation entering `stage` (layout from the first message) or the gradient for
-        the tensors `like` (this stage's outputs)."""
+    def finish(self):
+        """Waits for every send in flight (the end of a step: the peers have received it all)."""
+        sending, self._sending = self._sending, []
+        for work, _ in sending:
+            work.wait()
+
+    def post(self, kind, stage, micro_batch, peer, like=None):
+        """Starts receiving the activation entering `stage`, or the gradient for the tensors
+        `like` (this stage's outputs); None when the activation's layout is not known yet (its
+        first micro-batch receives it at the instruction)."""
         key = (kind, stage)
         if kind == "activation":
             if key not in self._agreed:
-                self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
+                return None
             layout = self._agreed[key][0]
         else:
             layout = _layout(like)
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
-        out = []
+        tensors, works = [], []
         for i, (dtype, shape) in enumerate(layout):
             t = torch.empty(shape, dtype=dtype, device=self._device)
-            self._comm.recv(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]")
-            out.append(t)
-        return tuple(out)
+            works.append(self._comm.irecv(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"))
+            tensors.append(t)
+        return _Posted(tuple(tensors), works)
+
+    def receive(self, kind, stage, micro_batch, peer, like=None, posted=None):
+        """The tensors of a receive posted earlier, or received now."""
+        if posted is None:
+            key = (kind, stage)
+            if kind == "activation" and key not in self._agreed:
+                self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
+            posted = self.post(kind, stage, micro_batch, peer, like)
+        return posted.wait()
 
     def _send_layout(self, layout, stage, micro_batch, peer):
         codes = [len(layout)]
