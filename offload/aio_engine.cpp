@@ -17,13 +17,15 @@
 #include <vector>
 
 #include "offload/aio_backend.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 
 class AioEngine::Ticket {
  public:
   Ticket(bool is_write_, std::string path_, int64_t bytes_, int64_t offset_, int64_t blocks)
-      : is_write(is_write_), path(std::move(path_)), bytes(bytes_), offset(offset_), blocks_left_(blocks) {}
+      : is_write(is_write_), path(std::move(path_)), bytes(bytes_), offset(offset_), blocks_left_(blocks),
+        issued_ns_(trace::on() ? trace::now_ns() : 0) {}
 
   // A worker reports one block (`error` empty: it succeeded); the last one wakes wait().
   void block_done(std::string error) {
@@ -32,7 +34,13 @@ class AioEngine::Ticket {
       if (error_.empty()) error_ = std::move(error);
       else ++more_errors_;
     }
-    if (--blocks_left_ == 0) done_.notify_all();
+    if (--blocks_left_ == 0) {
+      // The request on the trace, from its issue to its last block, on the worker that ended it.
+      if (issued_ns_ != 0)
+        trace::span("io", detail::cat(is_write ? "write " : "read ", path), issued_ns_, trace::now_ns(),
+                    detail::cat("\"bytes\": ", bytes, ", \"offset\": ", offset));
+      done_.notify_all();
+    }
   }
 
   void wait() {
@@ -52,6 +60,7 @@ class AioEngine::Ticket {
   std::mutex mu_;
   std::condition_variable done_;
   int64_t blocks_left_;
+  const int64_t issued_ns_;  // 0: the trace was off at issue
   std::string error_;  // the first failed block's; empty while none failed
   int64_t more_errors_ = 0;
 };

@@ -10,7 +10,9 @@
 #include <exception>
 #include <mutex>
 
+#include "runtime/comm_stats.h"
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 
@@ -41,18 +43,41 @@ std::string describe(const char* op, const at::Tensor& t, const std::string& wha
 }  // namespace
 
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what,
-                   std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point)
+                   std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point,
+                   CommOp op)
     : work_(std::move(work)),
       seq_(seq),
       what_(std::move(what)),
       monitor_(std::move(monitor)),
       device_async_(device_async),
-      point_to_point_(point_to_point) {}
+      point_to_point_(point_to_point),
+      op_(std::move(op)) {}
 
 void CommWork::wait() {
   if (!work_) return;
   auto work = std::move(work_);
   work_.reset();
+  const int64_t wait_start_ns = op_.issued_ns != 0 ? trace::now_ns() : 0;
+  wait_for_backend(std::move(work));
+  if (op_.issued_ns != 0) record_finished(wait_start_ns);
+}
+
+void CommWork::record_finished(int64_t wait_start_ns) const {
+  // On NCCL "finished" is when the stream is ordered after the collective, not when it ran: the
+  // device's own timing is the profiler's business; on host backends it is the completion.
+  const int64_t end_ns = trace::now_ns();
+  if (trace::timing()) trace::add_blocked_ns(end_ns - wait_start_ns);
+  CommStats::global().record(op_.kind, op_.what, op_.bytes, op_.world_size,
+                             double(end_ns - op_.issued_ns) / 1e6);
+  if (!trace::on()) return;
+  const std::string args = detail::cat("\"seq\": ", seq_, ", \"op\": \"", op_.kind, "\", \"bytes\": ",
+                                       op_.bytes, ", \"group_size\": ", op_.world_size);
+  trace::span("comm", what_, op_.issued_ns, end_ns, args);
+  // The part of it this thread spent blocked: exposed communication, what overlap did not hide.
+  trace::span("wait", detail::cat("wait #", seq_, " ", op_.kind), wait_start_ns, end_ns, args);
+}
+
+void CommWork::wait_for_backend(c10::intrusive_ptr<c10d::Work> work) {
   const milliseconds timeout = monitor_->timeout();
   if (device_async_) {
     // NCCL: wait() only orders the current stream after the collective; its watchdog owns the
@@ -121,9 +146,20 @@ std::string Comm::begin(const std::string& description, bool whole_group) {
   return description;
 }
 
+CommOp Comm::op_of(const char* kind, const at::Tensor& tensor, const std::string& what) const {
+  CommOp op;
+  if (!trace::on() && !trace::timing() && !CommStats::global().enabled()) return op;
+  op.kind = kind;
+  op.what = what;
+  op.bytes = static_cast<int64_t>(tensor.nbytes());
+  op.world_size = world_size_;
+  op.issued_ns = trace::now_ns();
+  return op;
+}
+
 template <typename Issue>
 CommWork Comm::issue(const std::string& description, bool device_async, Issue&& call,
-                     bool point_to_point) {
+                     bool point_to_point, CommOp op) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     std::unique_lock<std::mutex> serialized(host_issue_mutex, std::defer_lock);
@@ -132,7 +168,8 @@ CommWork Comm::issue(const std::string& description, bool device_async, Issue&& 
   } catch (const std::exception& e) {
     monitor_->fail(seq_, description, CommFailure::backend, e.what());
   }
-  return CommWork(std::move(work), seq_, description, monitor_, device_async, point_to_point);
+  return CommWork(std::move(work), seq_, description, monitor_, device_async, point_to_point,
+                  std::move(op));
 }
 
 CommWork Comm::all_reduce(at::Tensor tensor, const std::string& what) {
@@ -143,7 +180,7 @@ CommWork Comm::all_reduce(at::Tensor tensor, const std::string& what) {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     return group_->allreduce(ts, opts);
-  });
+  }, false, op_of("all_reduce", tensor, what));
 }
 
 CommWork Comm::all_reduce_max(at::Tensor tensor, const std::string& what) {
@@ -154,7 +191,7 @@ CommWork Comm::all_reduce_max(at::Tensor tensor, const std::string& what) {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::MAX;
     return group_->allreduce(ts, opts);
-  });
+  }, false, op_of("all_reduce_max", tensor, what));
 }
 
 CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::string& what) {
@@ -168,7 +205,7 @@ CommWork Comm::reduce_scatter(at::Tensor output, at::Tensor input, const std::st
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     return group_->_reduce_scatter_base(output, input, opts);
-  });
+  }, false, op_of("reduce_scatter", input, what));
 }
 
 CommWork Comm::reduce_scatter_in_place(at::Tensor buffer, const std::string& what) {
@@ -183,7 +220,7 @@ CommWork Comm::reduce_scatter_in_place(at::Tensor buffer, const std::string& wha
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     return group_->_reduce_scatter_base(output, buffer, opts);
-  });
+  }, false, op_of("reduce_scatter", buffer, what));
 }
 
 CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string& what) {
@@ -197,7 +234,8 @@ CommWork Comm::all_gather(at::Tensor output, at::Tensor input, const std::string
     input = input.clone();
   }
   const auto d = begin(describe("all_gather", output, what), true);
-  return issue(d, output.is_cuda(), [&] { return group_->_allgather_base(output, input); });
+  return issue(d, output.is_cuda(), [&] { return group_->_allgather_base(output, input); }, false,
+               op_of("all_gather", output, what));
 }
 
 CommWork Comm::broadcast(at::Tensor tensor, int root, const std::string& what) {
@@ -208,7 +246,7 @@ CommWork Comm::broadcast(at::Tensor tensor, int root, const std::string& what) {
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     return group_->broadcast(ts, opts);
-  });
+  }, false, op_of("broadcast", tensor, what));
 }
 
 // send/recv involve two ranks, so the debug agreement check (over the whole group) skips them.
@@ -223,7 +261,7 @@ CommWork Comm::send(at::Tensor tensor, int dst_rank, int tag, const std::string&
   return issue(d, tensor.is_cuda(), [&] {
     std::vector<at::Tensor> ts{tensor};
     return group_->send(ts, dst_rank, tag);
-  }, true);
+  }, true, op_of("send", tensor, what));
 }
 
 CommWork Comm::recv(at::Tensor tensor, int src_rank, int tag, const std::string& what) {
@@ -232,7 +270,7 @@ CommWork Comm::recv(at::Tensor tensor, int src_rank, int tag, const std::string&
   return issue(d, tensor.is_cuda(), [&] {
     std::vector<at::Tensor> ts{tensor};
     return group_->recv(ts, src_rank, tag);
-  }, true);
+  }, true, op_of("recv", tensor, what));
 }
 
 void Comm::barrier(const std::string& what) {

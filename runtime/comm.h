@@ -17,6 +17,17 @@
 
 namespace zeroshard {
 
+// What a collective moves, for the comms logger and the trace (runtime/comm_stats.h, trace.h):
+// its kind, the caller's description, the message's bytes, and when it was issued (0 when neither
+// was recording then).
+struct CommOp {
+  const char* kind = "";
+  std::string what;
+  int64_t bytes = 0;
+  int world_size = 1;
+  int64_t issued_ns = 0;
+};
+
 // A collective in flight. wait() blocks until it finished (at most the timeout) and turns a
 // backend failure, a timeout or another rank's failure into a CommError naming every rank's
 // collective. CUDA work keeps the backend's stream semantics: wait() orders the current stream
@@ -25,7 +36,8 @@ class CommWork {
  public:
   CommWork() = default;
   CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::string what,
-           std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point = false);
+           std::shared_ptr<CommMonitor> monitor, bool device_async, bool point_to_point = false,
+           CommOp op = {});
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
   uint64_t sequence() const { return seq_; }
@@ -34,12 +46,17 @@ class CommWork {
   const std::string& description() const { return what_; }
 
  private:
+  void wait_for_backend(c10::intrusive_ptr<c10d::Work> work);
+  // The comms logger's row and the trace's spans, once wait() saw the collective finish.
+  void record_finished(int64_t wait_start_ns) const;
+
   c10::intrusive_ptr<c10d::Work> work_;
   uint64_t seq_ = 0;
   std::string what_;
   std::shared_ptr<CommMonitor> monitor_;
   bool device_async_ = false;
   bool point_to_point_ = false;
+  CommOp op_;
 };
 
 class Comm {
@@ -88,7 +105,9 @@ class Comm {
   // Hands the backend's work to a CommWork; a synchronous backend error becomes a CommError too.
   template <typename Issue>
   CommWork issue(const std::string& description, bool device_async, Issue&& call,
-                 bool point_to_point = false);
+                 bool point_to_point = false, CommOp op = {});
+  // The op record for a collective of `tensor` (stamped with the issue time when recording).
+  CommOp op_of(const char* kind, const at::Tensor& tensor, const std::string& what) const;
   void check_tensor(const at::Tensor& t, const char* op, const std::string& what) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

@@ -1,4 +1,4 @@
-// The warning channel; see log.h.
+// The warning and information channels; see log.h.
 #include "runtime/log.h"
 
 #include <cstdio>
@@ -8,35 +8,49 @@
 
 namespace zeroshard {
 namespace {
+enum Level { kWarning = 0, kInfo = 1 };
+
 std::mutex sink_mutex;
-std::function<void(const std::string&)>& sink() {
+std::function<void(const std::string&)>& sink(Level level) {
   // Leaked: a sink that holds a Python callable must not be destroyed after the interpreter.
-  static auto* s = new std::function<void(const std::string&)>();
-  return *s;
+  static auto* s = new std::function<void(const std::string&)>[2]();
+  return s[level];
 }
 
 void forward_kernel_warning(const char* message) { warn(message); }
-}  // namespace
 
-void warn(const std::string& message) {
+void emit(Level level, const std::string& message) {
   std::function<void(const std::string&)> to;
   {
     std::lock_guard<std::mutex> lock(sink_mutex);
-    to = sink();
+    to = sink(level);
   }
   if (to) {
     to(message);
-  } else {
+  } else if (level == kWarning) {
     std::fprintf(stderr, "[zeroshard] warning: %s\n", message.c_str());
+  } else {
+    std::fprintf(stdout, "[zeroshard] %s\n", message.c_str());
+    std::fflush(stdout);
   }
 }
+}  // namespace
+
+void warn(const std::string& message) { emit(kWarning, message); }
+
+void info(const std::string& message) { emit(kInfo, message); }
 
 void set_warning_sink(std::function<void(const std::string&)> s) {
   // kernels/ cannot include this file: its warnings come here from the first sink on.
   static std::once_flag kernels_forwarded;
   std::call_once(kernels_forwarded, [] { kernels::set_warning_handler(&forward_kernel_warning); });
   std::lock_guard<std::mutex> lock(sink_mutex);
-  sink() = std::move(s);
+  sink(kWarning) = std::move(s);
+}
+
+void set_info_sink(std::function<void(const std::string&)> s) {
+  std::lock_guard<std::mutex> lock(sink_mutex);
+  sink(kInfo) = std::move(s);
 }
 
 }  // namespace zeroshard

@@ -1,6 +1,7 @@
-// The runtime's one channel for warnings: a sink that the Python package points at its logger
-// (zeroshard.log), standard error until then or once Python is gone. Never for errors: those
-// are thrown (runtime/error.h). kernels/ warnings (kernels/warn.h) come here once a sink is set.
+// The runtime's channels for warnings and for information it prints (the comms logger's verbose
+// lines): sinks that the Python package points at its logger (zeroshard.log), standard error and
+// standard output until then or once Python is gone. Never for errors: those are thrown
+// (runtime/error.h). kernels/ warnings (kernels/warn.h) come here once a sink is set.
 #pragma once
 #include <functional>
 #include <string>
@@ -9,7 +10,10 @@ namespace zeroshard {
 
 // "[zeroshard] warning: rank 0: ..." through the sink; callable from any thread.
 void warn(const std::string& message);
-// Replaces the sink (nullptr: standard error again). The sink must not throw.
+// "[zeroshard] ..." through the information sink; callable from any thread.
+void info(const std::string& message);
+// Replace the sinks (nullptr: standard error / output again). A sink must not throw.
 void set_warning_sink(std::function<void(const std::string&)> sink);
+void set_info_sink(std::function<void(const std::string&)> sink);
 
 }  // namespace zeroshard

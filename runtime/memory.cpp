@@ -1,6 +1,8 @@
 // Model-state byte accounting; see memory.h.
 #include "runtime/memory.h"
 
+#include "runtime/trace.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -43,12 +45,22 @@ void MemoryAccount::add(MemoryCategory c, int64_t bytes) {
   current_[idx(c)] += bytes;
   peak_[idx(c)] = std::max(peak_[idx(c)], current_[idx(c)]);
   peak_total_ = std::max(peak_total_, total_bytes());
+  if (trace::on()) trace_sample();
 }
 
 void MemoryAccount::release(MemoryCategory c, int64_t bytes) {
   ZS_CHECK(bytes >= 0 && bytes <= current_[idx(c)], "MemoryAccount::release: releasing ", bytes,
            " bytes of ", memory_category_name(c), " but only ", current_[idx(c)], " are held");
   current_[idx(c)] -= bytes;
+  if (trace::on()) trace_sample();
+}
+
+void MemoryAccount::trace_sample() const {
+  std::string args;
+  for (size_t i = 0; i < current_.size(); ++i) {
+    args += detail::cat(i ? ", " : "", "\"", memory_category_name(MemoryCategory(i)), "\": ", current_[i]);
+  }
+  trace::counter("model state bytes", std::move(args));
 }
 
 int64_t MemoryAccount::total_bytes() const {

@@ -43,6 +43,9 @@ class MemoryAccount {
   void reset_peaks();
   // "parameters=1.2MB gradients=..." for log lines; host categories after "| host".
   std::string summary() const;
+  // Every category's bytes now, as one counter sample of the trace (runtime/trace.h); add and
+  // release take one while a trace is on.
+  void trace_sample() const;
 
  private:
   static size_t idx(MemoryCategory c) { return static_cast<size_t>(c); }

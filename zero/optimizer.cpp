@@ -8,6 +8,7 @@
 
 #include "runtime/initial_sync.h"
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 
@@ -229,6 +230,7 @@ void ZeroOptimizer::require_not_failed(const std::string& what) const {
 StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples,
                                 double duplicate_sum_sq) {
   require_not_failed("optimizer step");
+  trace::Scope traced("optimizer", "optimizer step");
   StepResult r;
   try {
     r = step_->run(hypers, samples, duplicate_sum_sq);

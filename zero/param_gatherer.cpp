@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 namespace {
@@ -84,6 +85,7 @@ void ParamGatherer::attach(const std::vector<at::Tensor>& params) {
 }
 
 void ParamGatherer::fetch_params(const std::vector<int64_t>& indices) {
+  trace::Scope traced("gather", detail::cat("fetch ", indices.size(), " parameter(s)"));
   std::vector<int64_t> missing;
   int64_t need = 0;
   for (int64_t i : indices) {
@@ -104,6 +106,7 @@ void ParamGatherer::fetch_params(const std::vector<int64_t>& indices) {
 }
 
 void ParamGatherer::release_params(const std::vector<int64_t>& indices) {
+  trace::Scope traced("gather", detail::cat("release ", indices.size(), " parameter(s)"));
   for (int64_t i : indices) {
     Param& p = params_.at(size_t(i));
     if (p.refs > 0 && --p.refs == 0) unused(p);

@@ -4,14 +4,18 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdio>
+#include <functional>
 #include <optional>
+#include <tuple>
 
 #include "python/csrc/bindings.h"
 #include "runtime/comm.h"
+#include "runtime/comm_stats.h"
 #include "runtime/initial_sync.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/shard.h"
+#include "runtime/trace.h"
 
 namespace py = pybind11;
 
@@ -26,6 +30,77 @@ namespace {
 // the worker thread inside a noexcept frame, and the process aborts (std::terminate). The storage
 // stays shared: one with a Python object of its own (untyped_storage(), torch.load) is not covered.
 at::Tensor bare(const at::Tensor& t) { return t.detach(); }
+
+// A runtime/log.h sink calling zeroshard.log.<function>; while Python is not there (not yet
+// initialized, or finalizing) or the logger fails, the line goes to `fallback` instead.
+std::function<void(const std::string&)> python_sink(const char* function, FILE* fallback, const char* prefix) {
+  auto* target = new py::object(py::module_::import("zeroshard.log").attr(function));  // never freed
+  return [target, fallback, prefix](const std::string& message) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) {
+      std::fprintf(fallback, "[zeroshard] %s%s\n", prefix, message.c_str());
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      (*target)(message);
+    } catch (const py::error_already_set& e) {
+      std::fprintf(fallback, "[zeroshard] %s%s (the logger failed: %s)\n", prefix, message.c_str(), e.what());
+    }
+  };
+}
+
+// _C.trace (runtime/trace.h) and _C.comms (runtime/comm_stats.h), read by zeroshard/observe/.
+void bind_observability(py::module_& m) {
+  py::module_ t = m.def_submodule("trace", "the runtime's timeline (runtime/trace.h)");
+  t.def("now_ns", &trace::now_ns);
+  t.def("track", &trace::track);
+  t.def("on", &trace::on);
+  t.def("start", &trace::start, py::arg("max_events"));
+  t.def("stop", &trace::stop);
+  t.def("dropped", &trace::dropped);
+  // [(phase, category, name, start_ns, duration_ns, track, args)], args a JSON object's members.
+  t.def("drain", [] {
+    std::vector<std::tuple<std::string, std::string, std::string, int64_t, int64_t, int, std::string>> out;
+    for (auto& e : trace::drain())
+      out.emplace_back(std::string(1, e.phase), e.category, e.name, e.start_ns, e.duration_ns, e.track, e.args);
+    return out;
+  });
+  t.def("set_timing", &trace::set_timing, py::arg("on"));
+  m.def("format_bytes", &format_bytes, py::arg("bytes"));  // "1.5MB", as the memory summaries
+  t.def("blocked_ns", &trace::blocked_ns);
+
+  py::module_ c = m.def_submodule("comms", "the comms logger's table (runtime/comm_stats.h)");
+  c.def("configure", [](bool enabled, bool verbose, bool prof_all, bool debug,
+                        std::vector<std::string> prof_ops, int rank) {
+         CommStats::global().configure({enabled, verbose, prof_all, debug, std::move(prof_ops)}, rank);
+       }, py::arg("enabled"), py::arg("verbose"), py::arg("prof_all"), py::arg("debug"),
+       py::arg("prof_ops"), py::arg("rank"));
+  c.def("enabled", [] { return CommStats::global().enabled(); });
+  c.def("rows", [] {
+    py::list out;
+    for (const CommStatsRow& r : CommStats::global().rows()) {
+      py::dict d;
+      d["op"] = r.op;
+      d["bytes"] = r.bytes;
+      d["message_size"] = format_bytes(r.bytes);
+      d["world_size"] = r.world_size;
+      d["count"] = r.count;
+      d["total_ms"] = r.total_ms;
+      d["min_ms"] = r.min_ms;
+      d["max_ms"] = r.max_ms;
+      d["algbw_gbps"] = r.algbw_gbps();
+      d["busbw_gbps"] = r.busbw_gbps();
+      out.append(d);
+    }
+    return out;
+  });
+  c.def("reset", [] { CommStats::global().reset(); });
+}
 
 }  // namespace
 
@@ -138,30 +213,18 @@ void bind_runtime(py::module_& m) {
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
            py::call_guard<py::gil_scoped_release>());
 
-  // runtime/log.h's warnings go to zeroshard.log.runtime_warning, kept for the life of the
-  // process: the C++ side may warn from any thread, until Python finalizes.
-  auto* sink = new py::object(py::module_::import("zeroshard.log").attr("runtime_warning"));
-  set_warning_sink([sink](const std::string& message) {
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (!Py_IsInitialized() || finalizing) {
-      std::fprintf(stderr, "[zeroshard] warning: %s\n", message.c_str());
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    try {
-      (*sink)(message);
-    } catch (const py::error_already_set& e) {
-      std::fprintf(stderr, "[zeroshard] warning: %s (the logger failed: %s)\n", message.c_str(), e.what());
-    }
-  });
+  // runtime/log.h's warnings and information go to zeroshard.log's runtime_warning and
+  // runtime_info, kept for the life of the process: the C++ side may speak from any thread.
+  set_warning_sink(python_sink("runtime_warning", stderr, "warning: "));
+  set_info_sink(python_sink("runtime_info", stdout, ""));
+  bind_observability(m);
   // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
   // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
   // zeroshard.log clears the sink at exit (atexit), before the interpreter starts finalizing.
-  m.def("clear_warning_sink", [] { set_warning_sink(nullptr); });
+  m.def("clear_warning_sink", [] {
+    set_warning_sink(nullptr);
+    set_info_sink(nullptr);
+  });
   m.def("zero3_chunk", [](int64_t numel, int64_t world_size, int64_t rank) {
         const ChunkLayout layout = make_chunk_layout({numel}, world_size);
         return std::make_pair(layout.chunks[0], layout.held_numel(0, rank));
@@ -182,6 +245,8 @@ void bind_runtime(py::module_& m) {
         return d;
       })
       .def("reset_peaks", &MemoryAccount::reset_peaks)
+      .def("trace_sample", &MemoryAccount::trace_sample)
+      .def_property_readonly("peak_total_bytes", &MemoryAccount::peak_total_bytes)
       .def_property_readonly("total_bytes", &MemoryAccount::total_bytes)
       .def_property_readonly("host_total_bytes", &MemoryAccount::host_total_bytes)
       .def("summary", &MemoryAccount::summary);

@@ -3,7 +3,6 @@ orchestrates (hooks, data, logging); buffers, reduction and the optimizer step l
 import contextlib
 import json
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +17,8 @@ from zeroshard.log import log_rank0, logger, note_rank0
 from zeroshard import model_save
 from zeroshard.engine_names import DEEPSPEED_ENGINE_NAMES
 from zeroshard.lr_schedules import ConfigLRScheduler
+from zeroshard.observe import Observer
+from zeroshard.observe import comms as observe_comms
 from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec
 from zeroshard.zero import hooks as zero_hooks
 from zeroshard.zero.partition_init import full_shape
@@ -117,10 +118,7 @@ class ZeroShardEngine(torch.nn.Module):
         self._boundary_override = None
         self._in_no_sync = False
         self._last = None  # the last StepResult
-        self._loss_sum = 0.0
-        self._loss_count = 0
-        self._print_t0 = time.perf_counter()
-        self._print_step0 = 0
+        self._observer = Observer(self)
         log_rank0(f"ZeRO stage {self._core.strategy.stage}, {s['precision']}, world {self.world_size}, "
                   f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
@@ -322,6 +320,8 @@ class ZeroShardEngine(torch.nn.Module):
         for handle in self.__dict__.get("_zero3_hooks", []) + self.__dict__.get("_grad_hooks", []):
             handle.remove()
         self._zero3_hooks, self._grad_hooks = [], []
+        if self.__dict__.get("_observer") is not None:
+            self._observer.close()
         self._destroyed = True
 
     def _release_runtime(self):
@@ -348,6 +348,7 @@ class ZeroShardEngine(torch.nn.Module):
         self._refuse_if_destroyed()
         if self._settings["fp16_auto_cast"]:
             inputs = tuple(x.half() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs)
+        self._observer.forward_begin()
         try:
             return self.module(*inputs, **kwargs)
         except BaseException as error:
@@ -355,6 +356,8 @@ class ZeroShardEngine(torch.nn.Module):
             zero_hooks.forget_running(self._core)
             self._clean_up_after(error, self._core.abort_forward)
             raise
+        finally:
+            self._observer.forward_end()
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -388,6 +391,7 @@ class ZeroShardEngine(torch.nn.Module):
                              "torch.no_grad(), or from detached outputs?)")
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
+        self._observer.backward_begin()
         self._core.before_backward(boundary)
         try:
             if self._frozen_release is not None:
@@ -396,14 +400,13 @@ class ZeroShardEngine(torch.nn.Module):
         except BaseException as error:
             # The next backward starts clean; this one's partial gradients stay until zero_grad().
             self._clean_up_after(error, self._core.abort_backward)
+            self._observer.backward_end(None, None, boundary)
             raise
         finally:
             if self._frozen_release is not None:
                 self._frozen_release.end_backward()
         self._core.after_backward(boundary)
-        # Summed on the loss's device; read only when a progress line is printed.
-        self._loss_sum = self._loss_sum + loss.detach().float()
-        self._loss_count += 1
+        self._observer.backward_end(loss, scaled, boundary)
         if boundary and self._core.strategy.keeps_full_grads:
             # Parameters that got no gradient in the window: their views were zeroed by the reduction.
             for p, view in zip(self._params, self._grad_views):
@@ -418,6 +421,7 @@ class ZeroShardEngine(torch.nn.Module):
                                "reduced yet; leave the block and run one more backward first")
         if self.is_gradient_accumulation_boundary():
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            self._observer.step_begin()
             self._last = self._core.step(groups, self._train_batch_size)
             self._drop_full_grads()
             if self._last.applied:
@@ -432,30 +436,9 @@ class ZeroShardEngine(torch.nn.Module):
                 log_rank0(f"step {self.global_steps}: fp16 gradient overflow, step skipped; "
                           f"loss scale {self._last.loss_scale:g} -> {self._core.state.loss_scale:g}",
                           self.global_rank)
-            self._maybe_print()
+            self._observer.step_end()
         self._core.state.count_micro_step()
         self._boundary_override = None
-
-    def _maybe_print(self):
-        every = self._settings["steps_per_print"]
-        if not every or self.global_steps % every != 0:
-            return
-        # Mean loss over ranks and micro-steps since the last line (one small all-reduce, on a
-        # tensor made in C++: see Comm.all_reduce_values).
-        total, count = float(self._loss_sum), float(self._loss_count)
-        if self.world_size > 1:
-            total, count = self._comm.all_reduce_values([total, count], str(self.device), "progress line")
-        loss = total / max(count, 1.0)
-        now = time.perf_counter()
-        samples = (self.global_steps - self._print_step0) * self._train_batch_size
-        rate = samples / max(now - self._print_t0, 1e-9)
-        self._print_t0, self._print_step0 = now, self.global_steps
-        self._loss_sum, self._loss_count = 0.0, 0
-        norm = self._last.grad_norm if self._last is not None else float("nan")
-        log_rank0(f"step {self.global_steps} loss {loss:.4f} lr {self.get_lr()[0]:.3e} "
-                  f"loss_scale {self._core.state.loss_scale:g} grad_norm {norm:.3f} "
-                  f"samples/s {rate:.1f} | model state per rank: {self._core.memory.summary()}",
-                  self.global_rank)
 
     def zero_grad(self):
         self._core.zero_grad()
@@ -545,6 +528,13 @@ class ZeroShardEngine(torch.nn.Module):
         from zeroshard.checkpoint import load_checkpoint
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only, custom_load_fn)
+
+    def comms_summary(self):
+        """The comms logger's table so far (comms_logger.enabled), printed on rank 0 and
+        returned, as DeepSpeed's deepspeed.comm.log_summary()."""
+        text = observe_comms.summary()
+        log_rank0(text, self.global_rank)
+        return text
 
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""

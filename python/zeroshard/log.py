@@ -25,6 +25,11 @@ def runtime_warning(message: str) -> None:
     logger.warning(f"warning: {message}")
 
 
+def runtime_info(message: str) -> None:
+    """What the C++ runtime prints on purpose (the comms logger's verbose lines)."""
+    logger.info(message)
+
+
 def _stop_runtime_warnings():
     # At exit, before finalization: later C++ warnings go to stderr, never into a dying interpreter.
     module = sys.modules.get("zeroshard._C")

@@ -173,6 +173,14 @@ struct CommsLoggerConfig {
   std::vector<std::string> prof_ops;
 };
 
+// zeroshard's own: the per-rank Chrome trace (zeroshard/observe/trace.py).
+struct TraceConfig {
+  bool enabled = false;
+  std::string output_path = "zeroshard_trace";
+  std::vector<int64_t> steps;     // global steps to record (1 = the first); empty: every step
+  int64_t max_events = 2000000;   // per rank; later events are counted, not kept
+};
+
 struct Config {
   BatchConfig batch;
   OptimizerConfig optimizer;
@@ -198,6 +206,7 @@ struct Config {
   MonitorConfig tensorboard, csv_monitor, wandb, comet;
   ActivationCheckpointingConfig activation_checkpointing;
   FlopsProfilerConfig flops_profiler;
+  TraceConfig trace;
   CommsLoggerConfig comms_logger;
   // The batch keys as written (absent and "auto" are nullopt): resolve_batch starts from these so
   // it can be called again for another world size. batch_auto names the keys written as "auto".

@@ -1,6 +1,6 @@
 // Blocks around training rather than in it: pipeline, checkpoint, data_types, the monitors,
-// activation_checkpointing, flops_profiler and comms_logger. Monitors and profilers only affect
-// reporting, so enabling one is a warning note, not an error.
+// activation_checkpointing, flops_profiler, comms_logger and zeroshard's trace. The Python side
+// (zeroshard/observe/) acts on the reporting blocks, reading their values from the resolved config.
 #include "runtime/config/blocks.h"
 
 namespace zeroshard::config {
@@ -72,8 +72,6 @@ MonitorConfig read_monitor(Block& top, const std::string& name) {
     m.known("online");
   }
   m.finish();
-  if (mc.enabled)
-    top.ctx().warn_ignored(name + ".enabled", true, "zeroshard does not write " + name + " events (reporting only)");
   return mc;
 }
 
@@ -108,7 +106,24 @@ void read_flops_profiler(Block& top, Config& c) {
   fc.detailed = f.get_bool("detailed", fc.detailed);
   fc.output_file = f.get_opt_string("output_file").value_or("");
   f.finish();
-  if (fc.enabled) top.ctx().warn_ignored("flops_profiler.enabled", true, "zeroshard has no FLOPs profiler");
+}
+
+// A collective kind of prof_ops: zeroshard's names, and DeepSpeed's for the same collectives.
+std::string comm_kind(Block& l, const std::string& name) {
+  static const std::vector<std::pair<std::string, std::string>> kinds = {
+      {"all_reduce", "all_reduce"},          {"all_reduce_max", "all_reduce_max"},
+      {"all_gather", "all_gather"},          {"all_gather_into_tensor", "all_gather"},
+      {"all_gather_base", "all_gather"},     {"reduce_scatter", "reduce_scatter"},
+      {"reduce_scatter_tensor", "reduce_scatter"}, {"reduce_scatter_base", "reduce_scatter"},
+      {"broadcast", "broadcast"},            {"send", "send"},
+      {"recv", "recv"},                      {"isend", "send"},
+      {"irecv", "recv"}};
+  std::string allowed;
+  for (const auto& [alias, kind] : kinds) {
+    if (alias == name) return kind;
+    allowed += (allowed.empty() ? "" : ", ") + alias;
+  }
+  l.fail("prof_ops", "unknown collective \"" + name + "\", expected some of " + allowed);
 }
 
 void read_comms_logger(Block& top, Config& c) {
@@ -123,13 +138,27 @@ void read_comms_logger(Block& top, Config& c) {
     if (ok)
       for (const auto& op : *ops) ok = ok && op.is_string();
     if (!ok) l.fail("prof_ops", "got " + show_typed(*ops) + ", expected a list of strings");
-    lc.prof_ops = ops->get<std::vector<std::string>>();
+    for (const auto& op : *ops) lc.prof_ops.push_back(comm_kind(l, op.get<std::string>()));
   }
   l.out()["prof_ops"] = lc.prof_ops;
   l.finish();
-  if (lc.enabled)
-    top.ctx().warn_ignored("comms_logger.enabled", true, "zeroshard does not log collectives this way "
-                                                         "(its debug mode reports collective sequence numbers)");
+}
+
+void read_trace(Block& top, Config& c) {
+  Block t = top.child("trace");
+  TraceConfig& tc = c.trace;
+  tc.enabled = t.get_bool("enabled", tc.enabled);
+  tc.output_path = t.get_string("output_path", tc.output_path);
+  if (const json* steps = t.raw("steps")) {
+    bool ok = steps->is_array();
+    if (ok)
+      for (const auto& s : *steps) ok = ok && s.is_number_integer() && s.get<int64_t>() >= 1;
+    if (!ok) t.fail("steps", "got " + show_typed(*steps) + ", expected a list of step numbers >= 1 ([] traces every step)");
+    tc.steps = steps->get<std::vector<int64_t>>();
+  }
+  t.out()["steps"] = tc.steps;
+  tc.max_events = t.get_int("max_events", tc.max_events, 1000);
+  t.finish();
 }
 
 }  // namespace
@@ -145,6 +174,7 @@ void read_features(Block& top, Config& c) {
   read_activation_checkpointing(top, c);
   read_flops_profiler(top, c);
   read_comms_logger(top, c);
+  read_trace(top, c);
 }
 
 }  // namespace zeroshard::config

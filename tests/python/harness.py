@@ -94,7 +94,9 @@ def _start_ranks(fn, world_size, args, kwargs, timeout, env):
     ctx = _start_context()
     results = ctx.Queue()
     port = free_port()
-    base_env = {"ZEROSHARD_TIMEOUT": str(timeout / 60.0), "OMP_NUM_THREADS": "1"}
+    # Counting FLOPs for the progress line's TFLOPS imports torch._dynamo (~1.3 s of CPU once per
+    # process): off unless a test turns it on (tests/python/test_observe.py).
+    base_env = {"ZEROSHARD_TIMEOUT": str(timeout / 60.0), "OMP_NUM_THREADS": "1", "ZEROSHARD_COUNT_FLOPS": "0"}
     base_env.update(env or {})
     environ = dict(os.environ)
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args, kwargs, environ,

@@ -193,12 +193,12 @@ class PipelineEngine(ZeroShardEngine):
         if data_iter is not None:
             self.set_dataiterator(data_iter)  # as DeepSpeed: a later train_batch() reads on from it
         self.module.train()
+        self._observer.pipeline_step_begin()
         run = TrainStep(self, self.data_iterator if self._needs_data() else None)
         run.run(self._instructions)
         loss = self._share_loss(run.losses)
+        self._observer.pipeline_loss(loss)
         self._step_after_schedule()
-        self._loss_sum = self._loss_sum + loss
-        self._loss_count += 1
         return loss
 
     def _step_after_schedule(self):
@@ -208,6 +208,7 @@ class PipelineEngine(ZeroShardEngine):
                 for w in self.module.tied_weights(key):
                     duplicate += float(w.grad.double().pow(2).sum())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self._observer.step_begin()
         self._last = self._core.step(groups, self._train_batch_size, duplicate)
         self._drop_full_grads()
         if self._last.applied:
@@ -216,7 +217,7 @@ class PipelineEngine(ZeroShardEngine):
                 self.lr_scheduler.step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()
-        self._maybe_print()
+        self._observer.step_end()
 
     def _share_loss(self, losses):
         """The last stage's mean loss, averaged over its data-parallel ranks, on every rank."""

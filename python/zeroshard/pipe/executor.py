@@ -5,7 +5,6 @@ arrive for the output or leave for the input. A compute instruction that raises 
 through the world communicator before it propagates, so every rank's error names the stage and
 the micro-batch (see _reported)."""
 import contextlib
-import time
 
 import torch
 
@@ -49,17 +48,22 @@ class TrainStep:
         }
         ahead = _receives_ahead(instructions) if self.links.posts_ahead else {}
         timeline = self.engine._timeline  # a list when the benchmark records, else None
+        observer = self.engine._observer if self.engine._observer.wants_instructions else None
         for i, (op, mb, chunk, peer) in enumerate(instructions):
             for j in ahead.get(i, ()):
                 self._post(*instructions[j])
             if op == "optimizer_step":
                 continue  # the engine steps after the list, with the losses in hand
-            if timeline is None:
+            if timeline is None and observer is None:
                 handlers[op](mb, chunk, peer)
                 continue
-            start = time.perf_counter()
+            start = _C.trace.now_ns()
             handlers[op](mb, chunk, peer)
-            timeline.append((op, mb, chunk, start, time.perf_counter()))
+            end = _C.trace.now_ns()
+            if timeline is not None:
+                timeline.append((op, mb, chunk, start / 1e9, end / 1e9))
+            if observer is not None:
+                observer.instruction(op, mb, chunk, start, end)
         self.links.finish()
 
     @contextlib.contextmanager

@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from zeroshard import _C
+from zeroshard.graph import lowest_nodes_created
 
 _EXTERNAL = "_zeroshard_external_params"
 _HOOKS = "_zeroshard_hooks"  # a module's _ModuleHooks, once an engine hooks it
@@ -190,27 +191,6 @@ class _NodesRun:
             self.coord.backward_nodes_done(self.module_id, self.gathers)
 
 
-def _lowest_nodes_created(tensors, start, end):
-    """Of the autograd nodes created with sequence numbers start..end-1 on this thread, found from
-    `tensors` back, those with no such node below them. None when some of those nodes cannot be
-    found that way (an intermediate result kept aside or thrown away, an in-place op's inner
-    node), so that nothing says when they run."""
-    found, lowest = set(), []
-    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        seq = node._sequence_nr()  # AccumulateGrad's is 2**64 - 1
-        if not start <= seq < end or seq in found:
-            continue
-        found.add(seq)
-        below = [n for n, _ in node.next_functions
-                 if n is not None and start <= n._sequence_nr() < end]
-        if not below:
-            lowest.append(node)
-        stack.extend(below)
-    return lowest if len(found) == end - start else None
-
-
 def _dataclass_fields(x):
     """The fields a dataclass instance is built from, or None for anything else."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -375,7 +355,7 @@ def _post_forward(module, args, output):
         # (no collective may depend on it). Only reentrant recomputations are tracked there.
         if start is not None and not (
                 during_backward and torch._C._autograd._top_saved_tensors_default_hooks(False)):
-            lowest = _lowest_nodes_created(grad, start, end)
+            lowest = lowest_nodes_created(grad, start, end)
             if lowest is not None:
                 nodes_run = _NodesRun(coord, module_id, lowest, 2 if held else 1, policy)
             if during_backward:

@@ -400,29 +400,30 @@ TEST_CASE("aio: thread_count is intra_op_parallelism's alias; use_gds is refused
   CHECK(err(R"({"thread_count": 2, "intra_op_parallelism": 2})").empty());
 }
 
-TEST_CASE("reporting-only and deprecated keys are accepted with one warning note each") {
+TEST_CASE("reporting keys are read without a note; deprecated keys get one warning note each") {
   Config c = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
       "tensorboard": {"enabled": true, "output_path": "/tmp/tb", "job_name": "j"},
       "wandb": {"enabled": true, "team": "t", "group": "g", "project": "p"},
       "csv_monitor": {"enabled": false},
       "flops_profiler": {"enabled": true},
-      "wall_clock_breakdown": true,
+      "comms_logger": {"enabled": true, "prof_all": false, "prof_ops": ["all_reduce", "all_gather_into_tensor"]},
+      "wall_clock_breakdown": true, "memory_breakdown": true,
       "aio": {"thread_count": 4},
       "zero_optimization": {"cpu_offload": true, "stage3_gather_fp16_weights_on_model_save": true}})",
                           "x");
   const std::vector<std::string> expected = {
-      "warning: wall_clock_breakdown: got true, accepted and ignored: zeroshard does not print per-phase timers",
       "warning: zero_optimization.cpu_offload: deprecated; read as offload_optimizer",
       "warning: zero_optimization.stage3_gather_fp16_weights_on_model_save: deprecated; use "
       "stage3_gather_16bit_weights_on_model_save (read as it)",
       "warning: aio.thread_count: taken as aio.intra_op_parallelism, the key DeepSpeed's code reads (it "
       "ignores thread_count); rename it",
-      "warning: tensorboard.enabled: got true, accepted and ignored: zeroshard does not write tensorboard events "
-      "(reporting only)",
-      "warning: wandb.enabled: got true, accepted and ignored: zeroshard does not write wandb events (reporting only)",
-      "warning: flops_profiler.enabled: got true, accepted and ignored: zeroshard has no FLOPs profiler",
   };
   CHECK(c.notes == expected);
+  CHECK(c.wall_clock_breakdown);
+  CHECK(c.memory_breakdown);
+  CHECK(c.flops_profiler.enabled);
+  // DeepSpeed's names for the same collectives are taken as zeroshard's.
+  CHECK(c.comms_logger.prof_ops == std::vector<std::string>{"all_reduce", "all_gather"});
   CHECK(c.zero_optimization.offload_optimizer.device == "cpu");
   CHECK(c.aio.intra_op_parallelism == 4);
   CHECK(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
@@ -434,6 +435,28 @@ TEST_CASE("reporting-only and deprecated keys are accepted with one warning note
   // The oldest boolean form of zero_optimization.
   Config old = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": true})", "x");
   CHECK(old.zero_optimization.stage == 1);
+}
+
+TEST_CASE("trace block and comms_logger.prof_ops: values and their errors") {
+  Config c = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "trace": {"enabled": true, "output_path": "/tmp/t", "steps": [3, 4]}})", "x");
+  CHECK(c.trace.enabled);
+  CHECK(c.trace.output_path == "/tmp/t");
+  CHECK(c.trace.steps == std::vector<int64_t>{3, 4});
+  CHECK(parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "x").trace.steps.empty());
+  auto err = [](const std::string& text) {
+    try {
+      parse_config(text, "x");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(err(R"({"trace": {"steps": [0]}})"), Catch::Contains("trace.steps") && Catch::Contains(">= 1"));
+  CHECK_THAT(err(R"({"trace": {"step": [1]}})"), Catch::Contains("trace: unknown key \"step\"") && Catch::Contains("\"steps\""));
+  CHECK_THAT(err(R"({"comms_logger": {"prof_ops": ["allgather"]}})"),
+             Catch::Contains("comms_logger.prof_ops") && Catch::Contains("\"allgather\"") &&
+                 Catch::Contains("all_gather_into_tensor"));
 }
 
 TEST_CASE("checkpoint block: the keys are read; parallel_write.pipeline_stage true says it changes nothing") {

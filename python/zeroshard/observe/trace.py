@@ -1,0 +1,219 @@
+"""The per-rank trace in the Chrome trace event format (Perfetto, chrome://tracing): zeroshard's
+`trace` block ({"enabled": true, "output_path": ..., "steps": [3, 4]}) or ZEROSHARD_TRACE=<dir>
+(with ZEROSHARD_TRACE_STEPS=3,4). While a traced step runs, C++ records every collective (issue to
+completion, with its sequence number, bytes and group), each wait that blocked the rank, gathers,
+copies, disk I/O and optimizer sub-group steps, and the memory accounting's bytes by category;
+this file adds each module's forward and backward, the pipeline's instructions and the process's
+resident memory. When the traced steps end, each rank writes <output_path>/trace_rank<r>.json and
+rank 0 writes trace_merged.json, the ranks as separate processes, each rank's clock starting at a
+barrier all ranks passed together. Steps [] traces until the engine ends (files at exit, merged
+by zeroshard-report)."""
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from zeroshard import _C
+from zeroshard.graph import lowest_nodes_created
+from zeroshard.log import log_rank0
+
+TRACK_NAMES = {0: "main"}
+
+
+def settings(config):
+    """The trace block in force: the config's, or ZEROSHARD_TRACE's when that is set."""
+    block = dict(config.get("trace") or {})
+    env = os.environ.get("ZEROSHARD_TRACE")
+    if env:
+        block.update(enabled=True, output_path=env)
+        steps = os.environ.get("ZEROSHARD_TRACE_STEPS", "")
+        try:
+            block["steps"] = [int(s) for s in steps.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"ZEROSHARD_TRACE_STEPS: got {steps!r}, expected step numbers such as 3,4")
+    return block
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _ModuleSpans:
+    """Forward and backward spans of every module, from hooks that add nothing to the graph:
+    a backward starts when the first gradient reaches the forward's outputs and ends when the
+    lowest autograd nodes its forward created have run (zeroshard.graph)."""
+
+    def __init__(self, module, record):
+        self._record = record
+        self._open = {}  # id(module) -> [(start_ns, first autograd sequence number)]
+        self._handles = []
+        for name, m in module.named_modules():
+            label = name or type(module).__name__
+            self._handles.append(m.register_forward_pre_hook(lambda mod, args: self._pre(mod)))
+            self._handles.append(m.register_forward_hook(
+                lambda mod, args, out, label=label: self._post(mod, out, label)))
+
+    def _pre(self, module):
+        self._open.setdefault(id(module), []).append((_C.trace.now_ns(), _C.autograd_sequence_number()))
+
+    def _post(self, module, output, label):
+        stack = self._open.get(id(module))
+        if not stack:
+            return
+        start_ns, first = stack.pop()
+        end_ns = _C.trace.now_ns()
+        backward = torch._C._current_graph_task_id() != -1  # a recomputation (checkpointing)
+        self._record("module", f"{'recompute' if backward else 'forward'} {label}", start_ns, end_ns)
+        if not torch.is_grad_enabled():
+            return
+        outs = [t for t in _tensors(output) if t.requires_grad and t.grad_fn is not None]
+        lowest = lowest_nodes_created(outs, first, _C.autograd_sequence_number()) if outs else None
+        if not lowest:
+            return
+        span = {"start": None, "left": len(lowest)}
+
+        def began(grad_outputs):
+            if span["start"] is None:
+                span["start"] = _C.trace.now_ns()
+
+        def ran(grad_inputs, grad_outputs):
+            span["left"] -= 1
+            if span["left"] == 0 and span["start"] is not None:
+                self._record("module", f"backward {label}", span["start"], _C.trace.now_ns())
+
+        for node in {t.grad_fn for t in outs}:
+            node.register_prehook(began)
+        for node in lowest:
+            node.register_hook(ran)
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _tensors(value):
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+class Trace:
+    def __init__(self, block, module, memory, comm, rank, world_size):
+        self._dir = block.get("output_path") or "zeroshard_trace"
+        self._steps = set(int(s) for s in block.get("steps") or [])
+        self._max_events = int(block.get("max_events") or 2_000_000)
+        self._module, self._memory, self._comm = module, memory, comm
+        self._rank, self._world = rank, world_size
+        self._events = []  # this side's: (phase, category, name, start_ns, duration_ns, track, args)
+        self._spans = None
+        self._t0 = None
+        self._done = False
+        _C.trace.track()  # the first thread to ask is track 0, "main": this one
+
+    @property
+    def recording(self):
+        return self._spans is not None
+
+    def record(self, category, name, start_ns, end_ns, args=""):
+        if self._spans is not None:
+            self._events.append(("X", category, name, start_ns, end_ns - start_ns, _C.trace.track(), args))
+
+    # ----- the traced window -----
+    def step_begins(self, step):
+        """Before step `step` (1 = the first) runs on every rank."""
+        wanted = not self._steps or step in self._steps
+        if wanted and not self.recording and not self._done:
+            self._start()
+        elif not wanted and self.recording:
+            self._finish(merge=True)
+
+    def _start(self):
+        self._comm.barrier("trace start")  # every rank's clock starts at the same moment
+        self._t0 = _C.trace.now_ns()
+        self._events = []
+        _C.trace.start(self._max_events)
+        self._memory.trace_sample()
+        self._spans = _ModuleSpans(self._module, self.record)
+
+    def sample_process(self):
+        if self.recording:
+            self._events.append(("C", "memory", "process bytes", _C.trace.now_ns(), 0, _C.trace.track(),
+                                 f'"resident": {_rss_bytes()}' + (
+                                     f', "torch_allocated": {torch.cuda.memory_allocated()}'
+                                     if torch.cuda.is_available() else "")))
+
+    def _finish(self, merge):
+        self._spans.remove()
+        self._spans = None
+        _C.trace.stop()
+        events = sorted(_C.trace.drain() + self._events, key=lambda e: e[3])
+        self._events = []
+        self._done = True
+        dropped = _C.trace.dropped()
+        os.makedirs(self._dir, exist_ok=True)
+        mine = to_chrome(events, self._rank, self._t0)
+        path = os.path.join(self._dir, f"trace_rank{self._rank}.json")
+        _write(path, {"traceEvents": mine, "displayTimeUnit": "ms",
+                      "otherData": {"rank": self._rank, "world_size": self._world, "dropped_events": dropped}})
+        if dropped:
+            log_rank0(f"warning: trace: {dropped} events over trace.max_events {self._max_events} were "
+                      "not kept", self._rank)
+        if merge and self._world > 1 and dist.is_initialized():
+            gathered = [None] * self._world if self._rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
+            if self._rank == 0:
+                merged = [e for per_rank in gathered for e in per_rank]
+                _write(os.path.join(self._dir, "trace_merged.json"),
+                       {"traceEvents": merged, "displayTimeUnit": "ms",
+                        "otherData": {"world_size": self._world}})
+        elif merge and self._rank == 0:
+            _write(os.path.join(self._dir, "trace_merged.json"),
+                   {"traceEvents": mine, "displayTimeUnit": "ms", "otherData": {"world_size": 1}})
+        log_rank0(f"trace written to {self._dir}/ (trace_rank<r>.json per rank"
+                  f"{', trace_merged.json' if merge else ''})", self._rank)
+
+    def close(self):
+        """At the engine's end: a trace still recording (steps []) is written, unmerged."""
+        if self.recording:
+            self._finish(merge=False)
+
+
+def _write(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def to_chrome(events, rank, t0_ns):
+    """Chrome trace events of one rank: process `rank`, timestamps in µs from t0_ns. Collectives
+    overlap each other and the compute, so they are async slices (b/e) keyed by their sequence
+    number; everything else a complete slice (X) on its thread's track, or a counter (C)."""
+    out = [{"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}},
+           {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}]
+    tracks = set()
+    for phase, category, name, start_ns, duration_ns, track, args in events:
+        ts = (start_ns - t0_ns) / 1e3
+        fields = json.loads("{" + args + "}") if args else {}
+        tracks.add(track)
+        if phase == "C":
+            out.append({"ph": "C", "name": name, "cat": category, "pid": rank, "tid": track, "ts": ts,
+                        "args": fields})
+        elif category == "comm":
+            common = {"name": name, "cat": "comm", "pid": rank, "tid": track, "id": fields.get("seq", 0)}
+            out.append({**common, "ph": "b", "ts": ts, "args": fields})
+            out.append({**common, "ph": "e", "ts": ts + duration_ns / 1e3})
+        else:
+            out.append({"ph": "X", "name": name, "cat": category, "pid": rank, "tid": track, "ts": ts,
+                        "dur": duration_ns / 1e3, "args": fields})
+    for track in sorted(tracks):
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": track,
+                    "args": {"name": TRACK_NAMES.get(track, f"thread {track}")}})
+    return out

@@ -1,0 +1,98 @@
+// See trace.h. One mutex-guarded vector: spans come from the compute thread and the backends'
+// completion callbacks, a few thousand per step at most, so a lock per event costs far less than
+// the work each event describes.
+#include "runtime/trace.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+namespace zeroshard::trace {
+
+namespace {
+
+std::atomic<bool> g_on{false};
+std::atomic<int> g_next_track{0};
+std::atomic<int64_t> g_dropped{0};
+std::mutex g_mutex;
+std::vector<Event> g_events;  // guarded by g_mutex
+int64_t g_max_events = 0;     // guarded by g_mutex
+
+void record(Event event) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_on.load(std::memory_order_relaxed)) return;  // stopped since the caller looked
+  if (static_cast<int64_t>(g_events.size()) >= g_max_events) {
+    g_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  g_events.push_back(std::move(event));
+}
+
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int track() {
+  thread_local const int mine = g_next_track.fetch_add(1);
+  return mine;
+}
+
+bool on() { return g_on.load(std::memory_order_relaxed); }
+
+void start(int64_t max_events) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_events.clear();
+  g_max_events = max_events;
+  g_dropped.store(0);
+  g_on.store(true);
+}
+
+void stop() { g_on.store(false); }
+
+int64_t dropped() { return g_dropped.load(); }
+
+std::vector<Event> drain() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<Event> out;
+  out.swap(g_events);
+  return out;
+}
+
+void span(const char* category, std::string name, int64_t start_ns, int64_t end_ns,
+          std::string args) {
+  if (!on()) return;
+  record({'X', category, std::move(name), start_ns, end_ns - start_ns, track(), std::move(args)});
+}
+
+void counter(std::string name, std::string args) {
+  if (!on()) return;
+  record({'C', "memory", std::move(name), now_ns(), 0, track(), std::move(args)});
+}
+
+namespace {
+std::atomic<bool> g_timing{false};
+thread_local int64_t t_blocked_ns = 0;
+}  // namespace
+
+void set_timing(bool on) { g_timing.store(on); }
+bool timing() { return g_timing.load(std::memory_order_relaxed); }
+void add_blocked_ns(int64_t ns) { t_blocked_ns += ns; }
+int64_t blocked_ns() { return t_blocked_ns; }
+
+Scope::Scope(const char* category, std::string name, std::string args)
+    : category_(category) {
+  if (!on()) return;
+  name_ = std::move(name);
+  args_ = std::move(args);
+  start_ns_ = now_ns();
+}
+
+Scope::~Scope() {
+  if (start_ns_ >= 0) span(category_, std::move(name_), start_ns_, now_ns(), std::move(args_));
+}
+
+}  // namespace zeroshard::trace
