@@ -92,15 +92,20 @@ void CommWork::wait_for_backend(c10::intrusive_ptr<c10d::Work> work) {
   }
   // Host-blocking backends: wait in slices so that another rank's failure (published in the
   // store) ends this wait too, instead of each rank discovering it at its own timeout. Not for
-  // Gloo's send/recv: their wait(timeout) gives up the receive when it expires.
+  // Gloo's send/recv: their wait(timeout) gives up the receive when it expires, so the monitor's
+  // watcher thread aborts them instead.
   const bool poll = monitor_->has_store() && !point_to_point_;
+  const auto watched = point_to_point_ ? monitor_->watch_blocking(work) : nullptr;
   const auto deadline = Clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) monitor_->fail(seq_, what_, CommFailure::timeout, {});
     try {
       work->wait(poll ? std::min(left, kAbortPollInterval) : left);
+      if (watched && watched->aborted()) monitor_->fail(seq_, what_, CommFailure::aborted, {});
       break;
+    } catch (const CommError&) {
+      throw;
     } catch (const std::exception& e) {
       // c10d's Work::wait throws both when the slice runs out ("Operation timed out!") and for
       // the backend's error. Only the work's own exception is an error: a collective that
@@ -118,7 +123,7 @@ void CommWork::wait_for_backend(c10::intrusive_ptr<c10d::Work> work) {
         }
       }
     }
-    if (poll && monitor_->abort_requested()) monitor_->fail(seq_, what_, CommFailure::aborted, {});
+    if ((poll || watched) && monitor_->abort_requested()) monitor_->fail(seq_, what_, CommFailure::aborted, {});
   }
   monitor_->finished(seq_);
 }

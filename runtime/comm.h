@@ -40,6 +40,8 @@ class CommWork {
            CommOp op = {});
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
+  // Whether the backend finished it (a later wait() returns at once); true once waited for.
+  bool completed() const { return !work_ || work_->isCompleted(); }
   uint64_t sequence() const { return seq_; }
   bool checks_agreement() const { return monitor_->checks_agreement(); }
   const FlightRecorder& recorder() const { return monitor_->recorder(); }

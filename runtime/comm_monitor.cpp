@@ -99,6 +99,21 @@ void CommMonitor::starting(uint64_t seq, const std::string& description, bool wh
   if (check_agreement_ && whole_group) check_agreement(seq, description);
 }
 
+std::unique_ptr<WaitWatcher::Watch> CommMonitor::watch_blocking(c10::intrusive_ptr<c10d::Work> work) {
+  if (!store_) return nullptr;
+  std::lock_guard<std::mutex> lock(watcher_mutex_);
+  if (!watcher_) {
+    c10::intrusive_ptr<c10d::Store> own;
+    try {
+      own = store_->clone();  // the watcher's thread gets a connection of its own
+    } catch (const std::exception&) {
+      return nullptr;  // no watcher: the wait ends at the peer's end or at the timeout
+    }
+    watcher_ = std::make_unique<WaitWatcher>(own, key("abort", -1), kPollInterval);
+  }
+  return watcher_->watch(std::move(work));
+}
+
 bool CommMonitor::abort_requested() {
   if (!store_) return false;
   try {

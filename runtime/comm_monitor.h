@@ -6,11 +6,14 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "runtime/flight_recorder.h"
+#include "runtime/wait_watcher.h"
 
 namespace zeroshard {
 
@@ -44,6 +47,9 @@ class CommMonitor {
 
   // One store look-up: has another rank failed? Polled while a collective is in flight.
   bool abort_requested();
+  // While the returned object lives, `work` (a blocking point-to-point wait, which cannot poll)
+  // is aborted when another rank fails; null without a store.
+  std::unique_ptr<WaitWatcher::Watch> watch_blocking(c10::intrusive_ptr<c10d::Work> work);
 
   // Reports this rank's failure, waits briefly for the other ranks' reports, and throws one
   // CommError naming every rank's collective. cause: the backend's message, if any.
@@ -76,6 +82,8 @@ class CommMonitor {
   uint64_t checked_ = 0;   // whole-group collectives checked so far (debug mode)
   FlightRecorder recorder_;
   int fatal_reporter_ = -1;  // this monitor's entry in the terminate handler's list
+  std::mutex watcher_mutex_;
+  std::unique_ptr<WaitWatcher> watcher_;  // made at the first blocking point-to-point wait
 };
 
 }  // namespace zeroshard

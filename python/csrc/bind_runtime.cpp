@@ -111,6 +111,7 @@ void bind_runtime(py::module_& m) {
   py::class_<CommWork, std::shared_ptr<CommWork>>(m, "CommWork")
       .def("wait", &CommWork::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("pending", &CommWork::pending)
+      .def_property_readonly("completed", &CommWork::completed)
       .def_property_readonly("description", &CommWork::description);
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
       // store: the group's c10d Store (dist.distributed_c10d._get_default_store() for WORLD), so

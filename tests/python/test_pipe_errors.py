@@ -65,13 +65,12 @@ def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage):
     assert f"pipeline stage {stage} forward of micro-batch 2" in raiser["text"], raiser["text"]
     other = results[1 - stage]
     assert other["type"] == "CommError", other
-    # The other rank's error names the failing rank's report (when the store outlives it) or the
-    # peer it was waiting on; never a hang: it ends within the collective timeout (60 s here).
-    assert other["seconds"] < 60, other
-    if stage == 1:
-        assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], other["text"]
-    else:
-        assert "rank 0" in other["text"], other["text"]
+    # The other rank's error names the failing stage and micro-batch, also when the failing rank
+    # is rank 0, whose process holds the store (its report is read before it exits), and the
+    # other rank is blocked in a point-to-point wait (the watcher ends it); never a hang: well
+    # within the collective timeout (60 s here).
+    assert other["seconds"] < 30, other
+    assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], other["text"]
 
 
 def _changing_shape():

@@ -160,7 +160,10 @@ class PipelineEngine(ZeroShardEngine):
             raise ValueError(f"pipeline: micro-batch {mb} is {type(batch).__name__}"
                              f"{' of ' + str(len(batch)) if isinstance(batch, (tuple, list)) else ''}; "
                              "expected (inputs, labels), each a tensor or a tuple of tensors")
-        return tuple(_to(part, self.device) for part in batch)
+        # Each part goes to the device only on the rank that uses it: the inputs on the first
+        # stage's, the labels on the last stage's.
+        first, last = self.module.stage_id == 0, self.module.stage_id == self.module.last_stage_rank
+        return (_to(batch[0], self.device) if first else None, _to(batch[1], self.device) if last else None)
 
     def _loss_of(self, outputs, labels, mb):
         if self.module.loss_fn is None:
@@ -205,7 +208,7 @@ class PipelineEngine(ZeroShardEngine):
         duplicate = 0.0
         for key, stages, _ in self.module.tied_groups():
             if not self.module.counts_tie(key):
-                for w in self.module.tied_weights(key):
+                for _, w in self.module.trained_tied_weights(key):
                     duplicate += float(w.grad.double().pow(2).sum())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self._observer.step_begin()

@@ -24,7 +24,6 @@ class TrainStep:
         self.core = engine._core
         self.links = engine._links
         self.data_iter = data_iter
-        self.p = self.module.num_stages
         self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.gas = engine._gas
         self.batches = {}
@@ -83,20 +82,29 @@ class TrainStep:
     # ----- data -----
     def load_micro_batch(self, mb, chunk, peer):
         with self._reported("load_micro_batch", mb, chunk):
-            self.batches[mb] = self.engine._next_micro_batch(self.data_iter, mb)
+            self.batches[mb] = list(self.engine._next_micro_batch(self.data_iter, mb))
+
+    def _take(self, mb, part):
+        """The micro-batch's inputs (part 0, the first stage's) or labels (1, the last stage's);
+        each is used by one forward, so it is let go there."""
+        batch = self.batches[mb]
+        value, batch[part] = batch[part], None
+        if all(x is None for x in batch):
+            del self.batches[mb]
+        return value
 
     # ----- compute -----
     def forward(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
         with self._reported("forward", mb, chunk):
             if stage == 0:
-                x = self.batches[mb][0]
+                x = self._take(mb, 0)
             else:
                 x = self.inputs[(mb, chunk)]
                 x = x[0] if len(x) == 1 else x
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:
-                loss = self.engine._loss_of(out, self.batches[mb][1], mb)
+                loss = self.engine._loss_of(out, self._take(mb, 1), mb)
                 self.losses.append(loss.detach())
                 # The mean over the step's micro-batches, times the fp16 loss scale.
                 self.outputs[(mb, chunk)] = (loss * (self.core.state.loss_scale / self.gas),)
@@ -203,7 +211,7 @@ class TrainStep:
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):
         for key, stages, comm in self.module.tied_groups():
-            for attr, weight in zip(self.module.tied_weight_attrs[key], self.module.tied_weights(key)):
+            for attr, weight in self.module.trained_tied_weights(key):
                 if weight.grad is None:
                     # No use of it reached this copy: zeros go into the engine's gradient view
                     # (a fresh tensor would be summed, then dropped by the data-parallel step).

@@ -5,12 +5,16 @@ first micro-batch: the sender sends their dtypes and shapes, both sides keep tha
 every later micro-batch is checked against it on the sending side, so a shape that changes is an
 error naming the stage, the micro-batch and both shapes instead of a receive of the wrong size.
 
-Sends return at once (the backend's thread moves the data while the stage computes) and are
-waited for at the end of the step (finish). Receives can be posted ahead of the instruction that
+Sends return at once (the backend's thread moves the data while the stage computes); a rank
+keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
+schedule is deadlock-free with sends that block until received, so waiting for a send at any
+later point cannot deadlock either, and it ends no later than that send would have). Receives can be posted ahead of the instruction that
 waits for them (post), so that the data arrives during the computation before it: on Gloo only,
 which matches transfers by tag; NCCL matches a pair of ranks' transfers in the order they are
 issued, and a receive moved ahead of a send could meet its peer's receive first."""
 import torch
+
+SENDS_IN_FLIGHT = 2
 
 # dtype <-> the code sent in a layout message
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
@@ -52,7 +56,7 @@ class StageLinks:
         self._comm = comm
         self._device = device
         self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
-        self._sending = []  # (work, tensor): sends in flight, the tensor kept until its work is done
+        self._sending = []  # [(works, tensors)] per message in flight, oldest first
         self.posts_ahead = comm.backend != "nccl"
 
     @staticmethod
@@ -78,15 +82,28 @@ class StageLinks:
                              "stage boundary must keep their dtypes and shapes for the whole run "
                              "(pad variable-length batches to one length)")
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
+        works, kept = [], []
         for i, t in enumerate(tensors):
-            t = t.detach().contiguous()
-            self._sending.append((self._comm.isend(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"), t))
+            t = t.detach().contiguous()  # kept, unchanged, until its send is waited for
+            works.append(self._comm.isend(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"))
+            kept.append(t)
+        self._sending.append((works, kept))
+        # A message held longer would keep its activation or gradient alive past its use.
+        while len(self._sending) > SENDS_IN_FLIGHT:
+            for work in self._sending.pop(0)[0]:
+                work.wait()
+
+    @property
+    def sends_in_flight(self):
+        """Messages sent and not yet waited for."""
+        return len(self._sending)
 
     def finish(self):
         """Waits for every send in flight (the end of a step: the peers have received it all)."""
         sending, self._sending = self._sending, []
-        for work, _ in sending:
-            work.wait()
+        for works, _ in sending:
+            for work in works:
+                work.wait()
 
     def post(self, kind, stage, micro_batch, peer, like=None):
         """Starts receiving the activation entering `stage`, or the gradient for the tensors

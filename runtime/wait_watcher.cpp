@@ -1,0 +1,69 @@
+// See wait_watcher.h. The thread sleeps while nothing is watched, so a run without blocked
+// point-to-point waits pays one idle thread per communicator that has a store.
+#include "runtime/wait_watcher.h"
+
+namespace zeroshard {
+
+WaitWatcher::WaitWatcher(c10::intrusive_ptr<c10d::Store> store, std::string abort_key,
+                         std::chrono::milliseconds interval)
+    : store_(std::move(store)), abort_key_(std::move(abort_key)), interval_(interval) {
+  thread_ = std::thread([this] { run(); });
+}
+
+WaitWatcher::~WaitWatcher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::unique_ptr<WaitWatcher::Watch> WaitWatcher::watch(c10::intrusive_ptr<c10d::Work> work) {
+  std::list<Entry>::iterator entry;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entry = watched_.insert(watched_.end(), Entry{std::move(work)});
+  }
+  wake_.notify_all();
+  return std::make_unique<Watch>(this, entry);
+}
+
+WaitWatcher::Watch::~Watch() {
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  owner_->watched_.erase(entry_);
+}
+
+bool WaitWatcher::Watch::aborted() const {
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  return entry_->aborted;
+}
+
+void WaitWatcher::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (watched_.empty()) {
+      wake_.wait(lock, [&] { return stopping_ || !watched_.empty(); });
+      continue;
+    }
+    wake_.wait_for(lock, interval_, [&] { return stopping_; });
+    if (stopping_ || watched_.empty()) continue;
+    lock.unlock();
+    bool failed = false;
+    try {
+      failed = store_->check({abort_key_});
+    } catch (const std::exception&) {
+      // The store is gone (its rank ended): the wait's own error or timeout ends it.
+    }
+    lock.lock();
+    if (failed) {
+      // abort() makes each blocked wait() throw; the waiting thread then reports "aborted".
+      for (Entry& e : watched_) {
+        if (!e.aborted) e.work->abort();
+        e.aborted = true;
+      }
+    }
+  }
+}
+
+}  // namespace zeroshard
