@@ -34,6 +34,7 @@ struct RankRun {
   bool busy = false;
   double busy_until = 0;
   Pass running{Op::forward, 0, 0};
+  std::vector<bool> loaded;  // per micro-batch: this rank's load ran
   std::deque<Message> outbox;
   std::vector<Instruction> list;
 };
@@ -51,7 +52,10 @@ class Placement {
     activation_in_.assign(cells, false);
     gradient_in_.assign(cells, false);
     ranks_.resize(orders.size());
-    for (size_t r = 0; r < orders.size(); ++r) ranks_[r].order = std::move(orders[r]);
+    for (size_t r = 0; r < orders.size(); ++r) {
+      ranks_[r].order = std::move(orders[r]);
+      ranks_[r].loaded.assign(shape.num_micro_batches, false);
+    }
   }
 
   std::vector<std::vector<Instruction>> run() {
@@ -97,9 +101,13 @@ class Placement {
     if (rank.next == rank.order.size() || !ready(r, rank.order[rank.next])) return false;
     const Pass pass = rank.order[rank.next++];
     const int stage = shape_.global_stage(r, pass.chunk);
-    // The first stage loads the inputs, the last the labels (one load when they are one stage).
-    if (pass.op == Op::forward && (stage == 0 || stage == shape_.num_global_stages() - 1))
+    // The first stage loads the inputs, the last the labels. One load per micro-batch and rank
+    // (the executor keeps a rank's batch by micro-batch), before the first forward that needs it.
+    if (pass.op == Op::forward && (stage == 0 || stage == shape_.num_global_stages() - 1) &&
+        !rank.loaded[pass.micro_batch]) {
+      rank.loaded[pass.micro_batch] = true;
       rank.list.push_back({Op::load_micro_batch, pass.micro_batch, pass.chunk});
+    }
     rank.list.push_back({pass.op, pass.micro_batch, pass.chunk});
     rank.busy = true;
     rank.running = pass;
@@ -162,6 +170,18 @@ class Placement {
   std::vector<bool> gradient_in_;
 };
 
+struct NamedSchedule {
+  ScheduleKind kind;
+  const char* name;
+};
+// The one list of the schedules' names (see schedule_names in schedule.h).
+constexpr NamedSchedule kScheduleNames[] = {
+    {ScheduleKind::gpipe, "gpipe"},
+    {ScheduleKind::one_f_one_b, "1f1b"},
+    {ScheduleKind::interleaved_1f1b, "interleaved_1f1b"},
+    {ScheduleKind::zero_bubble, "zero_bubble"},
+};
+
 }  // namespace
 
 double InstructionCosts::of(Op op) const {
@@ -195,6 +215,13 @@ void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
              "num_micro_batches: got ", shape.num_micro_batches,
              ", expected a multiple of num_stages (", shape.num_stages,
              ") for schedule interleaved_1f1b");
+}
+
+MemoryBound memory_bound(ScheduleKind kind, const PipelineShape& shape, int rank) {
+  validate_schedule_args(kind, shape);
+  ZS_REQUIRE(rank >= 0 && rank < shape.num_stages, "rank: got ", rank, ", expected 0..",
+             shape.num_stages - 1, " (num_stages ", shape.num_stages, ")");
+  return schedules::memory_bound(kind, shape, rank);
 }
 
 std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
@@ -233,14 +260,28 @@ std::string to_string(Op op) {
   return "op(" + std::to_string(static_cast<int>(op)) + ")";
 }
 
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const NamedSchedule& s : kScheduleNames) out.push_back(s.name);
+    return out;
+  }();
+  return names;
+}
+
 std::string to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved_1f1b: return "interleaved_1f1b";
-    case ScheduleKind::zero_bubble: return "zero_bubble";
-  }
+  for (const NamedSchedule& s : kScheduleNames)
+    if (s.kind == kind) return s.name;
   return "schedule(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  for (const NamedSchedule& s : kScheduleNames)
+    if (name == s.name) return s.kind;
+  std::string allowed;
+  for (const NamedSchedule& s : kScheduleNames)
+    allowed += std::string(allowed.empty() ? "" : ", ") + "\"" + s.name + "\"";
+  throw UsageError("pipeline.schedule: got \"" + name + "\", expected one of " + allowed);
 }
 
 std::string describe(const Instruction& instruction) {

@@ -71,6 +71,16 @@ struct InstructionCosts {
 // Throws UsageError naming the argument, its value and what is allowed.
 void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape);
 
+// The most one rank holds at once under a schedule, from the schedule's own order (one function
+// per schedule in schedules/): the bound check_schedule proves and Catch2 shows reached.
+struct MemoryBound {
+  int activations;  // chunk-forwards whose backward (or backward_input) has not run
+  // Chunk-forwards whose weight gradient has not run. zero_bubble's B leaves the autograd graph,
+  // and the activations it saved, to W; the other schedules free both at backward (= activations).
+  int graphs;
+};
+MemoryBound memory_bound(ScheduleKind kind, const PipelineShape& shape, int rank);
+
 // Rank `rank`'s instructions for one step, ending with reduce_tied, reduce_data_parallel,
 // optimizer_step. Builds every rank's list (a rank's sends are placed against its neighbours'
 // receives), so building all ranks at once is cheaper with build_all_schedules.
@@ -81,7 +91,13 @@ std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
 bool is_send(Op op);
 bool is_receive(Op op);
 std::string to_string(Op op);
-std::string to_string(ScheduleKind kind);  // the config's names: gpipe, 1f1b, ...
+// The schedules' names as pipeline.schedule spells them, in ScheduleKind's order: the one list.
+// runtime/config repeats it (it sits below pipeline/ and cannot include this header);
+// tests/cpp/pipeline/test_schedule.cpp fails when the two differ.
+const std::vector<std::string>& schedule_names();
+std::string to_string(ScheduleKind kind);  // its name in schedule_names()
+// Throws UsageError: pipeline.schedule: got "x", expected one of "gpipe", "1f1b", ...
+ScheduleKind parse_schedule_kind(const std::string& name);
 // "send_activation micro-batch 2 chunk 0 to rank 1", for error messages.
 std::string describe(const Instruction& instruction);
 

@@ -2,6 +2,7 @@
 #include "pipeline/schedule_check.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "runtime/error.h"
@@ -17,9 +18,20 @@ bool is_tail(Op op) {
   return op == Op::reduce_tied || op == Op::reduce_data_parallel || op == Op::optimizer_step;
 }
 
+// What python/zeroshard/pipe/executor.py keeps per (micro-batch, chunk) on a rank, and the rule
+// below that has it there before an instruction reads it:
+//   batches[mb]    forward on the first / last stage: a load before, the rank's k-th load being
+//                  micro-batch k (the executor takes micro-batches from the data iterator in turn)
+//   inputs         forward, backward_input (stage > 0): receive_activation before the forward
+//   outputs        send_activation, receive_gradient, backward, backward_input: the forward
+//                  before each; backward and backward_input drop it, and neither runs before the
+//                  gradient, which the next stage sends only after receiving the activation
+//   out_grads      backward, backward_input (not the last stage): receive_gradient before
+//   in_grads       send_gradient: backward or backward_input before
+//   weight_passes  backward_weight: backward_input before
+
 // What has happened to one micro-batch on one global stage.
 struct StageMicroBatch {
-  bool loaded = false;
   bool activation_in = false;
   bool forwarded = false;
   bool gradient_in = false;
@@ -32,13 +44,18 @@ struct StageMicroBatch {
 
 class Checker {
  public:
-  Checker(const PipelineShape& shape, const std::vector<std::vector<Instruction>>& lists,
-          const InstructionCosts& costs)
-      : shape_(shape), lists_(lists), costs_(costs), p_(shape.num_stages),
+  // Without a kind, no memory bound is held.
+  Checker(std::optional<ScheduleKind> kind, const PipelineShape& shape,
+          const std::vector<std::vector<Instruction>>& lists, const InstructionCosts& costs)
+      : kind_(kind), shape_(shape), lists_(lists), costs_(costs), p_(shape.num_stages),
         last_stage_(shape.num_global_stages() - 1) {
     pc_.assign(p_, 0);
     clock_.assign(p_, 0);
-    in_flight_.assign(p_, 0);
+    activations_.assign(p_, 0);
+    graphs_.assign(p_, 0);
+    loads_.assign(p_, 0);
+    if (kind_)
+      for (int r = 0; r < p_; ++r) bounds_.push_back(memory_bound(*kind_, shape, r));
     report_.ranks.resize(p_);
     cells_.resize(size_t(shape.num_global_stages()) * shape.num_micro_batches);
   }
@@ -159,6 +176,10 @@ class Checker {
         if (c.activation_in) fail(r, i, "receives the activation twice");
         break;
       default:
+        // Else a deadlock (the gradient answers the forward's activation), named here instead.
+        if (!c.forwarded)
+          fail(r, i, "receives the gradient before its forward on this rank (the executor "
+                     "receives into the shapes of the forward's outputs)");
         if (c.gradient_in) fail(r, i, "receives the gradient twice");
     }
   }
@@ -216,17 +237,24 @@ class Checker {
       case Op::load_micro_batch:
         if (stage != 0 && stage != last_stage_)
           fail(r, i, "stage " + std::to_string(stage) + " is neither the first nor the last");
-        if (c.loaded) fail(r, i, "loads the micro-batch twice");
-        c.loaded = true;
+        // The executor files the data iterator's next micro-batch under the load's: the first
+        // and last stages pair inputs with labels only if each rank loads 0, 1, 2, ... once.
+        if (in.micro_batch < loads_[r]) fail(r, i, "loads the micro-batch twice on this rank");
+        if (in.micro_batch > loads_[r])
+          fail(r, i, "loads out of order: expected micro-batch " + std::to_string(loads_[r]) +
+                         " (the executor gives each load the data iterator's next micro-batch)");
+        ++loads_[r];
         return;
       case Op::forward:
         if (c.forwarded) fail(r, i, "the micro-batch is forwarded twice");
-        if ((stage == 0 || stage == last_stage_) && !c.loaded)
+        if ((stage == 0 || stage == last_stage_) && in.micro_batch >= loads_[r])
           fail(r, i, "runs before its micro-batch is loaded");
         if (!have_activation(stage, in.micro_batch))
           fail(r, i, "runs before receiving its activation");
         c.forwarded = true;
-        rank.peak_activations = std::max(rank.peak_activations, ++in_flight_[r]);
+        rank.peak_activations = std::max(rank.peak_activations, ++activations_[r]);
+        rank.peak_graphs = std::max(rank.peak_graphs, ++graphs_[r]);
+        check_bound(r, i);
         break;
       case Op::backward:
       case Op::backward_input:
@@ -237,17 +265,38 @@ class Checker {
         c.input_gradient_done = true;
         c.split = in.op == Op::backward_input;
         c.weight_gradient_done = in.op == Op::backward;
-        --in_flight_[r];
+        --activations_[r];
+        if (in.op == Op::backward) --graphs_[r];
         break;
       case Op::backward_weight:
         if (!c.split) fail(r, i, "runs without a backward_input before it");
         if (c.weight_gradient_done) fail(r, i, "runs twice");
         c.weight_gradient_done = true;
+        --graphs_[r];
         break;
       default:
         ZS_CHECK(false, "run_local got ", describe(in));
     }
     rank.busy_time += costs_.of(in.op);
+  }
+
+  // After forward i on rank r: what it holds now against its schedule's bound.
+  void check_bound(int r, size_t i) const {
+    if (!kind_) return;
+    const MemoryBound& bound = bounds_[r];
+    const std::string where = " (p " + std::to_string(p_) + ", m " +
+                              std::to_string(shape_.num_micro_batches) + ", v " +
+                              std::to_string(shape_.virtual_stages) + ")";
+    if (activations_[r] > bound.activations)
+      fail(r, i, "rank " + std::to_string(r) + " holds " + std::to_string(activations_[r]) +
+                     " activations (forwards whose backward has not run), above schedule " +
+                     to_string(*kind_) + "'s bound of " + std::to_string(bound.activations) +
+                     where);
+    if (graphs_[r] > bound.graphs)
+      fail(r, i, "rank " + std::to_string(r) + " holds " + std::to_string(graphs_[r]) +
+                     " autograd graphs (forwards whose weight gradient has not run), above "
+                     "schedule " + to_string(*kind_) + "'s bound of " +
+                     std::to_string(bound.graphs) + where);
   }
 
   std::string waiting_for(int r) const {
@@ -291,6 +340,7 @@ class Checker {
     }
   }
 
+  const std::optional<ScheduleKind> kind_;
   const PipelineShape shape_;
   const std::vector<std::vector<Instruction>>& lists_;
   const InstructionCosts costs_;
@@ -298,7 +348,10 @@ class Checker {
   const int last_stage_;
   std::vector<size_t> pc_;        // per rank: next instruction
   std::vector<double> clock_;     // per rank: simulated time
-  std::vector<int> in_flight_;    // per rank: activations held now
+  std::vector<int> activations_;  // per rank: held now (RankReport's peak_activations)
+  std::vector<int> graphs_;       // per rank: held now (RankReport's peak_graphs)
+  std::vector<int> loads_;        // per rank: loads so far
+  std::vector<MemoryBound> bounds_;     // per rank, with a kind
   std::vector<StageMicroBatch> cells_;  // per (global stage, micro-batch)
   ScheduleReport report_;
 };
@@ -312,16 +365,32 @@ double ScheduleReport::bubble_fraction() const {
   return 1 - busy / (double(ranks.size()) * makespan);
 }
 
-ScheduleReport check_schedule(const PipelineShape& shape,
-                              const std::vector<std::vector<Instruction>>& lists,
-                              const InstructionCosts& costs) {
+namespace {
+
+ScheduleReport run_checker(std::optional<ScheduleKind> kind, const PipelineShape& shape,
+                           const std::vector<std::vector<Instruction>>& lists,
+                           const InstructionCosts& costs) {
   ZS_REQUIRE(shape.num_stages >= 1 && shape.num_micro_batches >= 1 && shape.virtual_stages >= 1,
              "pipeline schedule check: num_stages, num_micro_batches and virtual_stages must be "
              ">= 1, got ", shape.num_stages, ", ", shape.num_micro_batches, ", ",
              shape.virtual_stages);
   ZS_REQUIRE(int(lists.size()) == shape.num_stages, "pipeline schedule check: got ",
              lists.size(), " lists, expected one per rank (num_stages ", shape.num_stages, ")");
-  return Checker(shape, lists, costs).run();
+  return Checker(kind, shape, lists, costs).run();
+}
+
+}  // namespace
+
+ScheduleReport simulate_schedule(const PipelineShape& shape,
+                                 const std::vector<std::vector<Instruction>>& lists,
+                                 const InstructionCosts& costs) {
+  return run_checker(std::nullopt, shape, lists, costs);
+}
+
+ScheduleReport check_schedule(ScheduleKind kind, const PipelineShape& shape,
+                              const std::vector<std::vector<Instruction>>& lists,
+                              const InstructionCosts& costs) {
+  return run_checker(kind, shape, lists, costs);
 }
 
 }  // namespace zeroshard::pipeline

@@ -10,4 +10,9 @@ PassOrder gpipe_order(const PipelineShape& shape) {
   return order;
 }
 
+// Every forward runs before the first backward: all m at once.
+MemoryBound gpipe_bound(const PipelineShape& shape) {
+  return {shape.num_micro_batches, shape.num_micro_batches};
+}
+
 }  // namespace zeroshard::pipeline::schedules

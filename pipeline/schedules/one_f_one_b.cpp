@@ -19,17 +19,20 @@ Pass interleaved_pass(Op op, int k, const PipelineShape& shape) {
   return {op, group * p + in_group % p, chunk};
 }
 
+// Chunk-forwards before the first backward. With v = 1 DeepSpeed's TrainSchedule, p - r - 1;
+// with v > 1 Megatron-LM's interleaved warm-up, 2(p - r - 1) + (v - 1)p.
+int ideal_warmup(const PipelineShape& shape, int rank) {
+  const int p = shape.num_stages, v = shape.virtual_stages;
+  return v == 1 ? p - rank - 1 : 2 * (p - rank - 1) + (v - 1) * p;
+}
+
 }  // namespace
 
 // Warm-up forwards, then one forward and one backward at a time, then the remaining backwards.
-// With v = 1 this is DeepSpeed's TrainSchedule (p - r - 1 warm-up forwards on rank r, so rank r
-// holds at most p - r activations). With v > 1 it is Megatron-LM's interleaved schedule, whose
-// warm-up is 2(p - r - 1) + (v - 1)p chunk-forwards.
+// With v = 1 this is DeepSpeed's TrainSchedule, with v > 1 Megatron-LM's interleaved schedule.
 PassOrder one_f_one_b_order(const PipelineShape& shape, int rank) {
-  const int p = shape.num_stages, v = shape.virtual_stages;
-  const int total = v * shape.num_micro_batches;
-  const int ideal_warmup = v == 1 ? p - rank - 1 : 2 * (p - rank - 1) + (v - 1) * p;
-  const int warmup = std::min(ideal_warmup, total);
+  const int total = shape.virtual_stages * shape.num_micro_batches;
+  const int warmup = std::min(ideal_warmup(shape, rank), total);
   PassOrder order;
   for (int k = 0; k < warmup; ++k) order.push_back(interleaved_pass(Op::forward, k, shape));
   for (int k = 0; k < total - warmup; ++k) {
@@ -39,6 +42,16 @@ PassOrder one_f_one_b_order(const PipelineShape& shape, int rank) {
   for (int k = std::max(total - warmup, 0); k < total; ++k)
     order.push_back(interleaved_pass(Op::backward, k, shape));
   return order;
+}
+
+// The warm-up forwards plus the steady state's one, as long as there are that many: p - r with
+// v = 1. With v > 1, on rank 0 that is p + (p - 1)/v stages' worth of activations (each
+// chunk-forward holds 1/v of a stage's), the p(1 + (p - 1)/(p v)) of Korthikanti et al. 2022
+// ("Reducing Activation Recomputation in Large Transformer Models", section 4.2.3).
+MemoryBound one_f_one_b_bound(const PipelineShape& shape, int rank) {
+  const int held = std::min(ideal_warmup(shape, rank) + 1,
+                            shape.virtual_stages * shape.num_micro_batches);
+  return {held, held};
 }
 
 }  // namespace zeroshard::pipeline::schedules

@@ -22,19 +22,9 @@ namespace {
 
 using pipeline::Instruction;
 using pipeline::Op;
-using pipeline::ScheduleKind;
 
 // (op name, micro_batch, chunk, peer); -1 where the instruction has no such field.
 using Row = std::tuple<std::string, int, int, int>;
-
-ScheduleKind kind_from(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                         ScheduleKind::zero_bubble}) {
-    if (pipeline::to_string(k) == name) return k;
-  }
-  throw UsageError("pipeline.schedule: got \"" + name +
-                   "\", expected one of \"gpipe\", \"1f1b\", \"interleaved_1f1b\", \"zero_bubble\"");
-}
 
 Op op_from(const std::string& name) {
   for (int i = 0; i <= static_cast<int>(Op::optimizer_step); ++i) {
@@ -63,12 +53,14 @@ std::vector<std::vector<Instruction>> from_rows(const std::vector<std::vector<Ro
 
 py::dict report_dict(const pipeline::ScheduleReport& report) {
   py::dict d;
-  py::list peaks, busy;
+  py::list peaks, graphs, busy;
   for (const auto& r : report.ranks) {
     peaks.append(r.peak_activations);
+    graphs.append(r.peak_graphs);
     busy.append(r.busy_time);
   }
   d["peak_activations"] = peaks;
+  d["peak_graphs"] = graphs;  // = peak_activations but for zero_bubble (graphs live until W)
   d["busy_time"] = busy;
   d["makespan"] = report.makespan;
   d["bubble_fraction"] = report.bubble_fraction();
@@ -93,25 +85,27 @@ pipeline::InstructionCosts costs_from(const std::map<std::string, double>& given
 
 void bind_pipeline(py::module_& root) {
   py::module_ m = root.def_submodule("pipeline", "pipeline schedules and partitioning (pipeline/)");
-  // Every rank's list for one training step, proven runnable by the checker first, and the
-  // checker's report at unit costs (peak activations per rank, bubble fraction).
+  // Every rank's list for one training step, proven runnable and within the schedule's memory
+  // bound by the checker first, and the checker's report at unit costs (peak activations and
+  // graphs per rank, bubble fraction).
   m.def(
       "build",
       [](const std::string& kind, int stages, int micro_batches, int virtual_stages) {
         const pipeline::PipelineShape shape{stages, micro_batches, virtual_stages};
-        const auto lists = pipeline::build_all_schedules(kind_from(kind), shape);
-        const auto report = pipeline::check_schedule(shape, lists);
+        const pipeline::ScheduleKind schedule = pipeline::parse_schedule_kind(kind);
+        const auto lists = pipeline::build_all_schedules(schedule, shape);
+        const auto report = pipeline::check_schedule(schedule, shape, lists);
         return py::make_tuple(to_rows(lists), report_dict(report));
       },
       py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("virtual_stages") = 1);
   // Simulates lists (as build returns them) at the given per-instruction costs (the benchmark's
-  // measured ones); raises where they are not runnable.
+  // measured ones); raises where they are not runnable. No memory bound: build proved it.
   m.def(
       "simulate",
       [](const std::vector<std::vector<Row>>& lists, int micro_batches, int virtual_stages,
          const std::map<std::string, double>& costs) {
         const pipeline::PipelineShape shape{static_cast<int>(lists.size()), micro_batches, virtual_stages};
-        return report_dict(pipeline::check_schedule(shape, from_rows(lists), costs_from(costs)));
+        return report_dict(pipeline::simulate_schedule(shape, from_rows(lists), costs_from(costs)));
       },
       py::arg("lists"), py::arg("micro_batches"), py::arg("virtual_stages") = 1, py::arg("costs") = std::map<std::string, double>{});
   m.def("partition_balanced", &pipeline::partition_balanced, py::arg("weights"), py::arg("parts"));
