@@ -13,6 +13,9 @@ _LAZY = {
     "DeepSpeedEngine": ("zeroshard.engine", "ZeroShardEngine"),
     "init_distributed": ("zeroshard.comm", "init_distributed"),
     "add_config_arguments": ("zeroshard.config", "add_config_arguments"),
+    # DeepSpeed's top level has both (Megatron-DeepSpeed: isinstance(model, deepspeed.PipelineEngine)).
+    "PipelineModule": ("zeroshard.pipe", "PipelineModule"),
+    "PipelineEngine": ("zeroshard.pipe.engine", "PipelineEngine"),
 }
 
 # Submodules DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), deepspeed.ops.adam...).

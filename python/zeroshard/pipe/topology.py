@@ -1,7 +1,7 @@
 """DeepSpeed's process topology (deepspeed.runtime.pipe.topology): ranks laid out on named axes,
 the last axis varying fastest. PipeDataParallelTopology(num_pp, num_dp) puts global rank
 stage * num_dp + data_index at coordinate (pipe=stage, data=data_index), so a stage's data
-replicas are neighbours."""
+replicas are neighbours. PipelineParallelGrid turns a topology into this rank's groups."""
 from collections import namedtuple
 from itertools import product
 
@@ -98,49 +98,158 @@ class PipeModelDataParallelTopology(ProcessTopology):
         super().__init__(axes=["pipe", "data", "model"], dims=[num_pp, num_dp, num_mp])
 
 
-class PipelineParallelGrid:
-    """DeepSpeed's grid over a topology for one rank: its stage, its data index and the groups
-    along each axis (the mpu interface Megatron-style code reads). Every rank builds the same
-    groups in the same order, as torch.distributed.new_group requires."""
+# ----- the grid's layout as pure functions (tested for every rank and world in one process) -----
 
-    def __init__(self, topology, global_rank):
+def prime_factors(n):
+    """n's prime factors in ascending order, repeated: 12 -> [2, 2, 3]."""
+    if n < 1:
+        raise ValueError(f"prime_factors: got {n}, expected a positive integer")
+    factors, candidate = [], 2
+    while n > 1:
+        while n % candidate == 0:
+            factors.append(candidate)
+            n //= candidate
+        candidate += 1
+    return factors
+
+
+_prime_factors = prime_factors  # DeepSpeed's name
+
+
+def default_topology(world_size):
+    """DeepSpeed's grid without a topology: world_size's prime factors dealt alternately to the
+    pipe and data axes, the first to pipe (8 -> 4 stages x 2 replicas, 6 -> 2 x 3)."""
+    num_pp = num_dp = 1
+    for index, prime in enumerate(prime_factors(world_size)):
+        if index % 2 == 0:
+            num_pp *= prime
+        else:
+            num_dp *= prime
+    return PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp)
+
+
+def model_parallel_lists(topology):
+    """DeepSpeed's "model parallel" groups (the mpu's get_model_parallel_*): per data index, every
+    rank holding it, i.e. all stages and tensor slices of one pipeline replica."""
+    return [sorted(topology.get_axis_list("data", d)) for d in range(topology.get_dim("data"))]
+
+
+def slice_parallel_lists(topology):
+    """The tensor-slicing groups: along the model axis, or one group per rank without one."""
+    if topology.get_dim("model") > 1:
+        return topology.get_axis_comm_lists("model")
+    return [[rank] for rank in range(topology.world_size())]
+
+
+def p2p_pairs(topology):
+    """Per global rank, [rank, the rank of the next stage in its pipeline]; the last stage's
+    next is the first (DeepSpeed's grid.p2p_groups)."""
+    next_rank = {}
+    for ranks in topology.get_axis_comm_lists("pipe"):
+        for i, rank in enumerate(ranks):
+            next_rank[rank] = ranks[(i + 1) % len(ranks)]
+    return [[rank, next_rank[rank]] for rank in range(topology.world_size())]
+
+
+def _check_grid_topology(topology, world_size):
+    axes = topology.get_axis_names()
+    if "pipe" not in axes or "data" not in axes:
+        raise ValueError(f"PipelineParallelGrid: the topology's axes are {axes}; a grid needs 'pipe' and 'data'")
+    if topology.world_size() != world_size:
+        raise ValueError(f"PipelineParallelGrid: the topology {dict(zip(axes, topology.dims))} holds "
+                         f"{topology.world_size()} ranks, the world has {world_size}")
+
+
+class PipelineParallelGrid:
+    """DeepSpeed's grid over a topology for this rank (the mpu interface DeepSpeed and Megatron-style
+    code read): its stage and data index, and its rank list and process group along each axis.
+
+    As in DeepSpeed, `dp_group` / `pp_group` / `slice_group` are rank lists and the process groups
+    are `dp_proc_group` / `pp_proc_group` / `slice_proc_group` (the get_*_group() methods return
+    the process groups). "Model parallel" means DeepSpeed's: the ranks of one pipeline replica
+    (every stage), so get_model_parallel_world_size() is stages x tensor slices. The slice groups
+    follow a model axis; zeroshard's PipelineModule has none above 1 (no tensor slicing), which
+    makes each slice group this rank alone, slice rank 0, as DeepSpeed's grid does."""
+
+    def __init__(self, topology=None, process_group=None):
         import torch.distributed as dist
-        self._topo = topology
-        self.global_rank = global_rank
-        self.world_size = topology.world_size()
-        coord = topology.get_coord(global_rank)
-        self.stage_id = coord.pipe
-        self.data_parallel_id = coord.data
-        self.pipe_parallel_size = topology.get_dim("pipe")
-        self.data_parallel_size = topology.get_dim("data")
-        self.dp_group = self.pp_group = None
-        self.dp_ranks = self.pp_ranks = None
-        for ranks in topology.get_axis_comm_lists("data"):
-            group = dist.new_group(ranks) if self.world_size > 1 else dist.group.WORLD
-            if global_rank in ranks:
-                self.dp_group, self.dp_ranks = group, ranks
-        for ranks in topology.get_axis_comm_lists("pipe"):
-            group = dist.new_group(ranks) if self.world_size > 1 else dist.group.WORLD
-            if global_rank in ranks:
-                self.pp_group, self.pp_ranks = group, ranks
+        self.global_rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # zeroshard's earlier PipelineParallelGrid(topology, global_rank), as pipe/module.py calls
+        # it. (torch stands for a group this rank is not in by a negative int: that one is a group.)
+        if isinstance(process_group, int) and not isinstance(process_group, bool) and process_group >= 0:
+            if process_group != self.global_rank:
+                raise ValueError(f"PipelineParallelGrid: global rank {process_group} given, but this "
+                                 f"process is rank {self.global_rank}")
+        elif process_group is not None:
+            # DeepSpeed's grid ignores process_group and spans the world; this one spans the world
+            # too, and refuses a group that says otherwise.
+            members = dist.get_world_size(process_group)
+            if members != self.world_size:
+                held = ("does not hold this rank" if members < 0
+                        else f"holds {members} of the world's {self.world_size} ranks")
+                raise ValueError(f"PipelineParallelGrid: process_group {held}; the grid spans the whole world")
+        self._topo = default_topology(self.world_size) if topology is None else topology
+        _check_grid_topology(self._topo, self.world_size)
+        self.data_parallel_size = self._topo.get_dim("data")
+        self.pipe_parallel_size = self._topo.get_dim("pipe")
+        self.model_parallel_size = max(self._topo.get_dim("model"), 1)
+        self.slice_parallel_size = self.model_parallel_size
+        self.stage_id = self.get_stage_id()
+        self.data_parallel_id = self.get_data_parallel_id()
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == self.pipe_parallel_size - 1
+        self.p2p_groups = p2p_pairs(self._topo)
+
+        # Every rank creates every group in the same order, as new_group requires; equal rank
+        # lists share one group (without tensor slicing the model-parallel groups are the pipe's).
+        self._made = {}
+        self.ds_model_groups = model_parallel_lists(self._topo)
+        ranks, self.ds_model_proc_group = self._groups_along(self.ds_model_groups)
+        self.ds_model_rank, self.ds_model_world_size = ranks.index(self.global_rank), len(ranks)
+        self.dp_groups = self._topo.get_axis_comm_lists("data")
+        self.dp_group, self.dp_proc_group = self._groups_along(self.dp_groups)
+        self.pipe_groups = self._topo.get_axis_comm_lists("pipe")
+        self.pp_group, self.pp_proc_group = self._groups_along(self.pipe_groups)
+        self.model_groups = slice_parallel_lists(self._topo)
+        self.slice_group, self.slice_proc_group = self._groups_along(self.model_groups)
+
+    def _groups_along(self, lists):
+        """Creates the process group of every list; returns this rank's list and group."""
+        import torch.distributed as dist
+        mine = None
+        for ranks in lists:
+            key = tuple(sorted(ranks))
+            if key not in self._made:
+                # One process: the world is every group (no subgroup to create).
+                self._made[key] = dist.group.WORLD if self.world_size == 1 else dist.new_group(list(key))
+            if self.global_rank in ranks:
+                mine = (list(ranks), self._made[key])
+        assert mine is not None, f"rank {self.global_rank} is in none of {lists}"
+        return mine
+
+    def _is_grid_valid(self):
+        """DeepSpeed's check (its tests call it): the topology holds exactly the world's ranks."""
+        return self._topo.world_size() == self.world_size
+
+    def get_stage_id(self):
+        return self._topo.get_coord(self.global_rank).pipe
+
+    def get_data_parallel_id(self):
+        return self._topo.get_coord(self.global_rank).data
+
+    def stage_to_global(self, stage_id, **kwargs):
+        """The global rank at stage_id (and any other axes given) with this rank's other coordinates."""
+        coord = self._topo.get_coord(self.global_rank)._replace(pipe=stage_id, **kwargs)
+        return self._topo.get_rank(**coord._asdict())
 
     def topology(self):
         return self._topo
 
-    def get_stage_id(self):
-        return self.stage_id
-
-    def get_data_parallel_id(self):
-        return self.data_parallel_id
-
-    def stage_to_global(self, stage_id, **kwargs):
-        coord = self._topo.get_coord(self.global_rank)._asdict()
-        coord.update(pipe=stage_id, **kwargs)
-        return self._topo.get_rank(**coord)
-
     def get_global_rank(self):
         return self.global_rank
 
+    # ----- pipe axis: the stages of this rank's pipeline -----
     def get_pipe_parallel_rank(self):
         return self.stage_id
 
@@ -148,8 +257,9 @@ class PipelineParallelGrid:
         return self.pipe_parallel_size
 
     def get_pipe_parallel_group(self):
-        return self.pp_group
+        return self.pp_proc_group
 
+    # ----- data axis: this stage's replicas in every pipeline -----
     def get_data_parallel_rank(self):
         return self.data_parallel_id
 
@@ -157,17 +267,26 @@ class PipelineParallelGrid:
         return self.data_parallel_size
 
     def get_data_parallel_group(self):
-        return self.dp_group
+        return self.dp_proc_group
 
-    # No tensor parallelism: the model-parallel axis is one rank (Megatron's mpu interface).
+    # ----- DeepSpeed's model parallelism: one whole pipeline replica (gradient norms, overflow) -----
     def get_model_parallel_rank(self):
-        return 0
+        return self.ds_model_rank
 
     def get_model_parallel_world_size(self):
-        return 1
+        return self.ds_model_world_size
 
+    def get_model_parallel_group(self):
+        return self.ds_model_proc_group
+
+    # ----- tensor slicing (Megatron-style): one rank per group in zeroshard -----
     def get_slice_parallel_rank(self):
+        if "model" in self._topo.get_axis_names():
+            return self._topo.get_coord(self.global_rank).model
         return 0
 
     def get_slice_parallel_world_size(self):
-        return 1
+        return self.slice_parallel_size
+
+    def get_slice_parallel_group(self):
+        return self.slice_proc_group

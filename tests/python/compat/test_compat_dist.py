@@ -1,7 +1,8 @@
 """The `deepspeed` compatibility distribution (compat/deepspeed), installed as a user installs it
 (the compat_python fixture): its version and metadata, that transformers and accelerate count it as
-DeepSpeed, that DeepSpeed's module paths are zeroshard's own module objects, that what zeroshard
-lacks fails with the reason, and that it refuses to replace a real DeepSpeed."""
+DeepSpeed, that DeepSpeed's module paths are zeroshard's own module objects, that what Hugging Face,
+pipeline scripts and Megatron-DeepSpeed import resolves, that what zeroshard lacks fails with the
+reason, and that it refuses to replace a real DeepSpeed."""
 import base64
 import csv
 import hashlib
@@ -75,6 +76,24 @@ HF_USES = [
     "deepspeed.zero.register_external_parameter; deepspeed.runtime.zero.GatheredParameters",
 ]
 
+# What DeepSpeed pipeline scripts, GPT-NeoX and Megatron-DeepSpeed take from `deepspeed` beyond that
+# (Megatron-DeepSpeed: `isinstance(model, deepspeed.PipelineEngine)`, checkpointing's RNG tracker).
+SCRIPT_USES = [
+    "import deepspeed, zeroshard.pipe as p, zeroshard.pipe.engine as e; "
+    "assert deepspeed.PipelineEngine is e.PipelineEngine and deepspeed.PipelineModule is p.PipelineModule; "
+    "assert not isinstance(object(), deepspeed.PipelineEngine)",
+    "from deepspeed import PipelineModule, PipelineEngine",
+    "import deepspeed.runtime.pipe as rp, zeroshard.pipe as p; "
+    "assert [getattr(rp, n) for n in ('PipelineModule', 'LayerSpec', 'TiedLayerSpec', 'ProcessTopology')] == "
+    "[p.PipelineModule, p.LayerSpec, p.TiedLayerSpec, p.ProcessTopology]",
+    "from deepspeed.runtime.pipe import ProcessTopology",
+    "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid",
+    "from deepspeed.checkpointing import (configure, is_configured, checkpoint, non_reentrant_checkpoint, "
+    "get_cuda_rng_tracker, model_parallel_cuda_manual_seed, CudaRNGStatesTracker, _set_cuda_rng_state)",
+    "import deepspeed; t = deepspeed.checkpointing.get_cuda_rng_tracker(); "
+    "assert t is deepspeed.runtime.activation_checkpointing.checkpointing.get_cuda_rng_tracker()",
+]
+
 # (statement, its entry in deepspeed/_unsupported.py, the exception it must raise)
 REFUSED = [
     ("from deepspeed.utils import groups", "deepspeed.utils.groups", "ImportError"),
@@ -86,6 +105,9 @@ REFUSED = [
     ("import deepspeed; deepspeed.tp_model_init(model=None, tp_size=2)", "deepspeed.tp_model_init",
      "NotImplementedError"),
     ("import deepspeed; deepspeed.init_inference(None)", "deepspeed.init_inference", "NotImplementedError"),
+    ("from deepspeed.runtime.pipe import schedule", "deepspeed.runtime.pipe.schedule", "ImportError"),
+    ("from deepspeed.runtime.pipe.schedule import TrainSchedule", "deepspeed.runtime.pipe.schedule", "ImportError"),
+    ("import deepspeed; deepspeed.runtime.pipe.schedule", "deepspeed.runtime.pipe.schedule", "AttributeError"),
 ]
 
 # Reached as attributes after a bare `import deepspeed`, as accelerate does with
@@ -102,6 +124,10 @@ ATTRIBUTE_PATHS = [
     "deepspeed.launcher.runner.main",
     "deepspeed.ops.adam.DeepSpeedCPUAdam",
     "deepspeed.accelerator.get_accelerator",
+    "deepspeed.PipelineEngine",
+    "deepspeed.PipelineModule",
+    "deepspeed.runtime.pipe.ProcessTopology",
+    "deepspeed.checkpointing.get_cuda_rng_tracker",
 ]
 
 FACTS = {
@@ -143,7 +169,7 @@ def _message_snippet(key):
 def probe(compat_python, tmp_path_factory):
     """Every snippet above run once, in order, in one process of the compat virtualenv."""
     snippets = (list(FACTS.values()) + [_leaf_snippet(*kv) for kv in LEAVES.items()]
-                + [_package_snippet(*kv) for kv in PACKAGES.items()] + HF_USES
+                + [_package_snippet(*kv) for kv in PACKAGES.items()] + HF_USES + SCRIPT_USES
                 + [s for s, _, _ in REFUSED] + [_message_snippet(k) for _, k, _ in REFUSED])
     folder = tmp_path_factory.mktemp("probe")
     (folder / "in.json").write_text(json.dumps(snippets))
@@ -190,6 +216,11 @@ def test_package_reexports_zeroshards_names(probe, ds, zs):
 
 @pytest.mark.parametrize("snippet", HF_USES)
 def test_what_hugging_face_uses_resolves(probe, snippet):
+    _result(probe, snippet)
+
+
+@pytest.mark.parametrize("snippet", SCRIPT_USES)
+def test_what_pipeline_and_megatron_scripts_use_resolves(probe, snippet):
     _result(probe, snippet)
 
 

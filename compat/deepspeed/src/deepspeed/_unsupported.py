@@ -20,6 +20,12 @@ UNSUPPORTED = {
         "use DeepSpeed itself"),
     "deepspeed.inference": _INFERENCE,
     "deepspeed.init_inference": _INFERENCE,
+    "deepspeed.runtime.pipe.schedule": (
+        "DeepSpeed's pipeline schedule classes (PipeSchedule, TrainSchedule, InferenceSchedule and "
+        "their PipeInstructions): zeroshard builds and checks its schedules in C++",
+        "pick a built-in schedule with the config's pipeline.schedule (\"gpipe\", \"1f1b\", "
+        "\"interleaved_1f1b\", \"zero_bubble\") and run it with engine.train_batch() / eval_batch(), "
+        "or use DeepSpeed itself"),
     "deepspeed.tp_model_init": (
         "tensor parallelism: AutoTP, tensor_parallel.autotp_size > 1",
         "remove tensor_parallel from the config (autotp_size 1), or use DeepSpeed itself"),
