@@ -1,4 +1,19 @@
 """Questions about the autograd graph that more than one part of zeroshard asks."""
+import collections
+
+# (first, end) autograd sequence numbers of recent checkpointed forwards (zeroshard.checkpointing):
+# their nodes' saved tensors are recomputed by every backward that reaches them.
+_RECOMPUTED = collections.deque(maxlen=4096)
+
+
+def note_recomputed_segment(first, end):
+    if end > first:
+        _RECOMPUTED.append((first, end))
+
+
+def in_recomputed_segment(sequence_nr):
+    """Whether the autograd node with this sequence number was made by a checkpointed forward."""
+    return any(first <= sequence_nr < end for first, end in _RECOMPUTED)
 
 
 def lowest_nodes_created(tensors, start, end):

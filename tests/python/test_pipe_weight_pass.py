@@ -171,3 +171,45 @@ def test_b_plus_w_costs_one_backward():
     assert b + w <= full * 1.001, f"B {b} + W {w} FLOPs against one backward's {full}"
     # A matmul's weight gradient is half its backward: W holds about half of it.
     assert 0.35 * full < w < 0.65 * full, f"W {w} of one backward's {full}"
+
+
+class _Checkpointed(torch.nn.Module):
+    """Blocks under zeroshard.checkpointing.checkpoint, as PipelineModule's
+    activation_checkpoint_interval runs them."""
+
+    def __init__(self, blocks=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Mlp() for _ in range(blocks))
+
+    def forward(self, x):
+        from zeroshard.checkpointing import checkpoint as zs_checkpoint
+        for block in self.blocks:
+            x = zs_checkpoint(block, x)
+        return x
+
+
+def test_a_checkpointed_segment_is_recomputed_once_in_b_plus_w():
+    """torch recomputes a checkpointed segment once per backward call; W's replays would each
+    recompute it, so the segment's weights come whole in B: B + W cost one backward."""
+    torch.manual_seed(0)
+    model = _Checkpointed()
+    x = torch.randn(64, D)
+    out_grads = [torch.randn(64, D)]
+
+    def whole():
+        leaf = x.detach().requires_grad_()
+        out = model(leaf)
+        return _flops(lambda: torch.autograd.backward(out, out_grads[0]))
+
+    full = whole()
+    whole_x, whole_grads = _grads_whole(model, x, out_grads, loss=False)
+    model.zero_grad(set_to_none=True)
+    leaf = x.detach().requires_grad_()
+    out = model(leaf)
+    passes = {}
+    b = _flops(lambda: passes.setdefault("w", backward_input([out], out_grads, [leaf])))
+    w = _flops(passes["w"].run)
+    assert b + w <= full * 1.001, f"B {b} + W {w} FLOPs against one backward's {full} (recompute included)"
+    torch.testing.assert_close(leaf.grad, whole_x, rtol=1e-6, atol=1e-7)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, whole_grads[n], rtol=1e-6, atol=1e-7, msg=n)

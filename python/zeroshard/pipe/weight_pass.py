@@ -11,9 +11,14 @@ weight half of the backward instead of a second whole backward.
 
 A weight under two owners (a module called twice, one tensor used in two places of the chunk)
 could be reached by one owner's replay through the other owner's input path and be counted twice;
-such weights get their whole gradient in B instead, which is exact (B then just does their work)."""
+such weights get their whole gradient in B instead, which is exact (B then just does their work).
+So do the weights of a segment checkpointed with zeroshard.checkpointing, whose replay would
+recompute the segment (torch recomputes once per backward call); a segment checkpointed with
+torch.utils.checkpoint directly is exact too, but recomputed in each replay that reaches it."""
 import torch
 from torch.autograd.graph import GradientEdge
+
+from zeroshard.graph import in_recomputed_segment
 
 
 class WeightPass:
@@ -122,8 +127,11 @@ def backward_input(roots, grads, inputs):
         for key in weights:
             count[key] = count.get(key, 0) + 1
     shared = {}
-    for weights in owners.values():
-        shared.update({key: w for key, w in weights.items() if count[key] > 1})
+    for owner, weights in owners.items():
+        # A node of a checkpointed segment: replaying it in W would recompute the segment again
+        # (torch recomputes once per backward call), so its weights are done in B.
+        recomputed = not isinstance(owner, int) and in_recomputed_segment(owner._sequence_nr())
+        shared.update({key: w for key, w in weights.items() if count[key] > 1 or recomputed})
 
     captured = {}
     handles = []
