@@ -101,3 +101,39 @@ def rank_micro_batches(global_batches, micro, gas, data_index):
         for j in range(gas):
             lo = (data_index * gas + j) * micro
             yield x[lo:lo + micro], y[lo:lo + micro]
+
+
+class BiasedEmbed(torch.nn.Module):
+    """An embedding with a bias of its own beside the tied weight: both uses read the bias, so it
+    must stay one tensor across stages, as it is in one process."""
+
+    def __init__(self, vocab, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(vocab, d) * 0.1)
+        self.bias = torch.nn.Parameter(torch.randn(d) * 0.1)
+
+    def forward(self, tokens):
+        return F.embedding(tokens, self.weight) + self.bias
+
+
+def biased_unembed(embedding, x):
+    return (x + embedding.bias) @ embedding.weight.t()
+
+
+class WeightedLoss(torch.nn.Module):
+    """A loss module with a buffer (class weights), as DeepSpeed scripts pass
+    CrossEntropyLoss(weight=...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("class_weight", torch.linspace(0.5, 1.5, VOCAB))
+
+    def forward(self, logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), weight=self.class_weight)
+
+
+def biased_specs(num_blocks):
+    from zeroshard.pipe import LayerSpec, TiedLayerSpec
+    return ([TiedLayerSpec("embed", BiasedEmbed, VOCAB, D_MODEL)] +
+            [LayerSpec(Block, D_MODEL) for _ in range(num_blocks)] + [LayerSpec(FinalNorm, D_MODEL),
+             TiedLayerSpec("embed", BiasedEmbed, VOCAB, D_MODEL, forward_fn=biased_unembed)])

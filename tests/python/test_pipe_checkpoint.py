@@ -264,3 +264,60 @@ def test_layers_that_differ_are_named(runs):
             assert "not in the model: 5.weight, 5.bias" in error, f"{where}, rank {rank}: {error}"
             assert ("missing from the checkpoint: 5.ln.weight" in error) == (rank in holders), \
                 f"{where}, rank {rank}: {error}"
+
+
+def _own_parts_worker(root):
+    """A tied module with a parameter of its own beside the tied weight, and a loss module with a
+    buffer, over 2 stages: trains as one process does, saves, and a fresh engine loads it and
+    trains on exactly as the saving engine does."""
+    import torch
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import Reference, WeightedLoss, batches, biased_specs, rank_micro_batches
+
+    def build(base_seed):
+        net = PipelineModule(layers=biased_specs(2), num_stages=2, loss_fn=WeightedLoss(), seed_layers=True,
+                             base_seed=base_seed, partition_method="uniform")
+        config = _config(MICRO, GAS, 1)
+        del config["scheduler"]
+        engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                               model_parameters=[p for p in net.parameters() if p.requires_grad])
+        return engine
+
+    data = batches(4, MICRO, GAS, 1, seed=3)
+    engine = build(1234)
+    losses = [float(engine.train_batch(rank_micro_batches(data[i:i + 1], MICRO, GAS, 0))) for i in range(2)]
+    ref = Reference(biased_specs(2))
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    loss_fn = WeightedLoss()
+    ref_losses = []
+    for x, y in data[:2]:
+        opt.zero_grad()
+        # The pipeline's loss: the mean of the micro-batches' (a class-weighted loss of the whole
+        # batch would weigh its sequences otherwise).
+        loss = sum(loss_fn(ref(x[i:i + MICRO]), y[i:i + MICRO]) for i in range(0, len(x), MICRO)) / GAS
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        ref_losses.append(float(loss))
+    bias = engine.module.tied_modules["embed"].bias.detach().clone()
+    ref_bias = ref.tied["embed"].bias.detach().clone()
+    engine.save_checkpoint(os.path.join(root, "own"), tag="t")
+    fresh = build(777)
+    fresh.load_checkpoint(os.path.join(root, "own"), tag="t")
+    loaded_bias = fresh.module.tied_modules["embed"].bias.detach().clone()
+    go_on = [float(e.train_batch(rank_micro_batches(data[2:4], MICRO, GAS, 0))) for e in (engine, fresh)]
+    return {"losses": losses, "ref_losses": ref_losses, "bias": bias.numpy(), "ref_bias": ref_bias.numpy(),
+            "loaded_bias": loaded_bias.numpy(), "go_on": go_on,
+            "class_weight": fresh.module.loss_fn.class_weight.numpy()}
+
+
+def test_a_tied_modules_own_parameter_and_a_loss_module_save_and_load(tmp_path):
+    results = run_distributed(_own_parts_worker, 2, str(tmp_path), timeout=240)
+    for rank, r in enumerate(results):
+        _losses_close(r["losses"], r["ref_losses"], f"rank {rank}: training against one process")
+        # The bias both stages read is one tensor: equal to one process's, on both stages.
+        assert np.allclose(r["bias"], r["ref_bias"], rtol=1e-5, atol=1e-7), f"rank {rank}: tied bias"
+        assert np.array_equal(r["loaded_bias"], r["bias"]), f"rank {rank}: the loaded bias is not the saved one"
+        assert r["go_on"][0] == r["go_on"][1], f"rank {rank}: the loaded engine trains differently: {r['go_on']}"
+    assert np.array_equal(results[0]["class_weight"], results[1]["class_weight"])

@@ -17,9 +17,17 @@ STAGE_LAYOUT = "stage_layout"  # a partial manifest's section: its stage's layou
 _TIED = "tied_modules."
 
 
+def _outside_layers(name):
+    """A name that is neither a layer's ("<index>.") nor a tie's: what every stage holds besides
+    its layers (the loss_fn module's buffers)."""
+    head = name.split(".", 1)[0]
+    return not head.isdigit() and not name.startswith(_TIED)
+
+
 def placement_of(engine) -> Placement:
     """Each stage's data-parallel ranks split the stage's whole pieces among them; the first of
-    them describes the stage; a tie is written by its first owning stage only."""
+    them describes the stage; a tie is written by its first owning stage only, and what lies
+    outside the layers (every stage holds the loss_fn module) by the last layer's stage only."""
     grid, module = engine._grid, engine.module
     not_written = set()
     for key, stages, _ in module.tied_groups():
@@ -27,6 +35,9 @@ def placement_of(engine) -> Placement:
             prefix = f"{_TIED}{key}."
             not_written |= {n for n, _ in module.named_parameters() if n.startswith(prefix)}
             not_written |= {n for n, _ in module.named_buffers() if n.startswith(prefix)}
+    if module.stage_id != module.last_stage_rank:
+        names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+        not_written |= {n for n in names if _outside_layers(n)}
     data_index = grid.get_data_parallel_id()
     return Placement(comm=engine._world_comm, part_rank=data_index,
                      part_world=grid.get_data_parallel_world_size(), describes=data_index == 0,
@@ -72,7 +83,8 @@ def join_stage_layouts(section: dict, stages: list) -> dict:
         head = name.split(".", 2)
         if name.startswith(_TIED) and len(head) > 1:
             return first.get(f"{head[0]}.{head[1]}", 0)
-        return int(head[0]) if head[0].isdigit() else 0
+        # What lies outside the layers (the loss_fn module) comes after them, as its use does.
+        return int(head[0]) if head[0].isdigit() else section["num_layers"]
     params.sort(key=lambda p: layer(p["name"]))
     buffers.sort(key=layer)
     return {"params": params, "buffers": buffers, "aliases": aliases}

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from zeroshard import _C
+from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm
 from zeroshard.log import log_rank0
 from zeroshard.pipe.layers import LayerSpec, TiedLayerSpec
@@ -101,6 +102,8 @@ class PipelineModule(torch.nn.Module):
         # Per model chunk: what forward calls in order, and the modules those calls use.
         self._chunk_funcs, self._chunk_modules = zip(*(self._build_chunk(c) for c in range(self.virtual_stages)))
         self._tied = self._index_tied_modules()
+        # On the device first, as DeepSpeed's PipelineModule: NCCL broadcasts device tensors only.
+        self.to(comm_device())
         self._synchronize_tied_weights()
         self._log_partition()
 
@@ -192,6 +195,7 @@ class PipelineModule(torch.nn.Module):
                 if spec.key not in self.tied_modules:
                     self.tied_modules[spec.key] = spec.build()
                     self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
+                    self._check_tied_attrs(spec.key)
                 module = self.tied_modules[spec.key]
                 modules.append(module)
                 if spec.forward_fn is None:
@@ -213,6 +217,21 @@ class PipelineModule(torch.nn.Module):
                 raise ValueError(f"PipelineModule: layer {idx} is {spec!r}; expected an nn.Module, "
                                  "a LayerSpec, a TiedLayerSpec or a callable")
         return funcs, modules
+
+    def _check_tied_attrs(self, key):
+        module = self.tied_modules[key]
+        for attr in self.tied_weight_attrs[key]:
+            try:  # dotted names reach into submodules ("word_embeddings.weight"), as DeepSpeed's
+                functools.reduce(getattr, attr.split("."), module)
+            except AttributeError:
+                raise ValueError(f"TiedLayerSpec({key!r}): tied_weight_attr {attr!r} is not an attribute "
+                                 f"of the {type(module).__name__} it builds") from None
+        named = dict(module.named_parameters())
+        extra = [n for n in named if n not in self.tied_weight_attrs[key]]
+        if extra:
+            log_rank0(f"TiedLayerSpec({key!r}): its other parameters ({', '.join(extra)}) are kept equal "
+                      "on every stage that uses it too (one module, as in one process; DeepSpeed "
+                      "ties only tied_weight_attr)", self.global_rank)
 
     def _index_tied_modules(self):
         """key -> (owning pipeline ranks, this rank's communicator over them with its data
@@ -236,17 +255,24 @@ class PipelineModule(torch.nn.Module):
         return tied
 
     def tied_weights(self, key):
-        module = self.tied_modules[key]
-        # Dotted names reach into submodules ("word_embeddings.weight"), as DeepSpeed's.
-        return [functools.reduce(getattr, attr.split("."), module) for attr in self.tied_weight_attrs[key]]
+        """(name, parameter) of everything a tie keeps equal on its stages: all of the tied
+        module's parameters. A tied layer is one module, as it is in one process, so its other
+        parameters (a bias beside tied_weight_attr's weight) are not left to drift apart per
+        stage as DeepSpeed leaves them; the checkpoint then stores the one copy there is."""
+        return list(self.tied_modules[key].named_parameters())
+
+    def trained_tied_weights(self, key):
+        """The tie's parameters that train (a frozen one has no gradient to sum)."""
+        return [(n, w) for n, w in self.tied_weights(key) if w.requires_grad]
 
     def _synchronize_tied_weights(self):
         for key, (stages, comm) in self._tied.items():
             if comm is None:
                 continue
+            module = self.tied_modules[key]
             with torch.no_grad():
-                for attr, weight in zip(self.tied_weight_attrs[key], self.tied_weights(key)):
-                    comm.broadcast(weight.data, 0, f"tied weight {key}.{attr} from stage {stages[0]}")
+                for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+                    comm.broadcast(tensor.data, 0, f"tied module {key}.{name} from stage {stages[0]}")
 
     def tied_groups(self):
         """(key, owning pipeline ranks, communicator) for the ties this rank takes part in."""
