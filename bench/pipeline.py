@@ -1,21 +1,26 @@
 """Pipeline schedules side by side: zeroshard's gpipe, 1f1b, interleaved_1f1b and zero_bubble against
-torch.distributed.pipelining's matching schedules and DeepSpeed's PipelineEngine (1F1B), on the
-same GPT layers split into 2 stages, one process and one thread per stage (this machine has 2
-cores), Gloo on loopback, fp32.
+torch.distributed.pipelining's matching schedules and DeepSpeed's PipelineEngine (1F1B), on one GPT
+split into 2 stages, one process and one thread per stage (2 cores), Gloo on loopback, fp32.
 
-For zeroshard it also measures the bubble: every instruction of the last timed step is
-timestamped on the monotonic clock all processes share, and the bubble is 1 - (compute time
-summed over ranks) / (ranks x the step's makespan), against the schedule's theory
-((p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(vm+p-1) interleaved, ZB-H1's (p-1)(F+B-W)/... from
-the checker at the measured F, B, W). Deeper pipelines cannot be timed on 2 cores: for 4 and 8
-stages it prints the executed lists' simulated bubble at the per-instruction costs measured here.
+Verified before timed: each layer is built from its own seed, so all three start from the same
+weights, and each run's first step (the warm-up, never timed) must give a one-process reference's
+loss on the same data within LOSS_RTOL, else its samples/s reads "wrong loss". samples/s uses the
+slowest rank's median step time. For zeroshard every instruction of every step is timestamped (the
+same two clock reads in each step) and the bubble is split: "list", the executed lists simulated by
+the checker at rank-averaged measured costs with free transfers (what the schedule costs; "theory"
+is its closed form); "+imbalance", the same lists replayed at each (rank, chunk)'s own costs; and
+"+runtime", the median measured bubble over steps beyond that (transfers, Python). Deeper pipelines
+cannot be timed on 2 cores: for 4 and 8 stages it prints the lists' simulated bubble.
 
-    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--no-peers]
+    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--no-peers] [--deepspeed-venv /tmp/ds-venv]
 """
 import argparse
 import json
 import os
+import queue as queue_module
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -25,17 +30,24 @@ import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
 TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+SENDS, RECEIVES = ("send_activation", "send_gradient"), ("receive_activation", "receive_gradient")
+LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
+RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
+PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 
 
+# ----- the model: every layer seeded by its index, so any framework builds the same weights -----
 class Embed(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, seed):
         super().__init__()
+        torch.manual_seed(seed)
         self.tok = torch.nn.Embedding(VOCAB, D)
         self.pos = torch.nn.Embedding(SEQ, D)
 
@@ -43,9 +55,16 @@ class Embed(torch.nn.Module):
         return self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
 
 
+class Block(GPTBlock):  # the name partition_method "type:Block" selects
+    def __init__(self, seed):
+        torch.manual_seed(seed)
+        super().__init__(D, HEADS)
+
+
 class Head(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, seed):
         super().__init__()
+        torch.manual_seed(seed)
         self.ln = torch.nn.LayerNorm(D)
         self.out = torch.nn.Linear(D, VOCAB, bias=False)
 
@@ -53,9 +72,11 @@ class Head(torch.nn.Module):
         return self.out(self.ln(x))
 
 
-def block():
-    from gpt import Block
-    return Block(D, HEADS)
+LAYER_SPECS = [(Embed, 0)] + [(Block, 1 + i) for i in range(LAYERS)] + [(Head, LAYERS + 1)]
+
+
+def build_layers():
+    return [cls(seed) for cls, seed in LAYER_SPECS]
 
 
 def loss_fn(logits, labels):
@@ -68,136 +89,125 @@ def data(m, seed=0):
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
+def micro_batches(m):
+    x, y = data(m)
+    return [(x[i * MICRO:(i + 1) * MICRO], y[i * MICRO:(i + 1) * MICRO]) for i in range(m)]
+
+
+def reference_loss(m):
+    """The first step's loss without a pipeline: the mean over micro-batches, in one process."""
+    model = torch.nn.Sequential(*build_layers())
+    with torch.no_grad():
+        return sum(float(loss_fn(model(x), y)) for x, y in micro_batches(m)) / m
+
+
 def config(m, schedule="1f1b", virtual=1):
     return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": m,
             "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "steps_per_print": 10 ** 6,
             "pipeline": {"schedule": schedule, "virtual_stages": virtual}}
 
 
-# ----- zeroshard -----
-def zeroshard_rank(m, steps):
+# ----- the three frameworks, one rank each (run by spawn) -----
+def zeroshard_rank(m, steps, schedule, v):
     import zeroshard
-    from zeroshard import _C
     from zeroshard.pipe import LayerSpec, PipelineModule
-    out = {}
-    x, y = data(m)
-    micro = [(x[i * MICRO:(i + 1) * MICRO], y[i * MICRO:(i + 1) * MICRO]) for i in range(m)]
-    for schedule, v in SCHEDULES:
-        layers = [LayerSpec(Embed)] + [LayerSpec(type(block()), D, HEADS) for _ in range(LAYERS)] + [LayerSpec(Head)]
-        net = PipelineModule(layers, num_stages=2, loss_fn=loss_fn, partition_method="type:Block",
-                             virtual_stages=v)
-        engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
-                                               model_parameters=list(net.parameters()))
-        times = []
-        for step in range(steps + 1):
-            engine._timeline = [] if step == steps else None
-            torch.distributed.barrier()
-            t0 = time.perf_counter()
-            engine.train_batch(iter(micro))
-            times.append(time.perf_counter() - t0)
-        out[schedule] = {"step_s": sorted(times[1:])[len(times[1:]) // 2],
-                         "timeline": engine._timeline, "virtual": v}
-        if schedule in ("1f1b", "zero_bubble", "interleaved_1f1b"):
-            out[schedule]["lists"] = _C.pipeline.build(schedule, 2, m, v)[0]
-    return out
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=2, loss_fn=loss_fn,
+                         partition_method="type:Block", virtual_stages=v)
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
+                                           model_parameters=list(net.parameters()))
+    micro = micro_batches(m)
+    times, losses, timelines = [], [], []
+    for _ in range(steps + 1):
+        engine._timeline = []  # recorded in every step, so each pays the same two clock reads per instruction
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        loss = engine.train_batch(iter(micro))
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+        timelines.append(engine._timeline)
+    engine._timeline = None
+    return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "timelines": timelines[1:]}
 
 
-def bubble(timelines):
-    """Measured: 1 - compute summed over ranks / (ranks x makespan), the makespan from the first
-    instruction's start to the last compute's end over all ranks."""
-    start = min(t[3] for tl in timelines for t in tl)
-    end = max(t[4] for tl in timelines for t in tl if t[0] in COMPUTE)
-    busy = sum(t[4] - t[3] for tl in timelines for t in tl if t[0] in COMPUTE)
-    return 1 - busy / (len(timelines) * (end - start))
-
-
-def costs(timelines):
-    """Mean seconds of each compute instruction kind, per model chunk's worth of layers."""
-    sums = {}
-    for tl in timelines:
-        for op, _, _, a, b in tl:
-            if op in COMPUTE:
-                sums.setdefault(op, []).append(b - a)
-    return {op: sum(v) / len(v) for op, v in sums.items()}
-
-
-# ----- torch.distributed.pipelining -----
-def torch_rank(m, steps, only):
+def torch_rank(m, steps, schedule, v):
     import torch.distributed as dist
     from torch.distributed import pipelining as pp
     rank = dist.get_rank()
     x, y = data(m)
-    out = {}
-    for schedule, v in SCHEDULES:
-        if schedule != only:
-            continue
-        torch.manual_seed(0)
-        layers = [Embed()] + [block() for _ in range(LAYERS)] + [Head()]
-        n = 2 * v
-        per = [1 + LAYERS // n if i == 0 else LAYERS // n for i in range(n)]
-        per[-1] += 1
-        bounds = [0]
-        for c in per:
-            bounds.append(bounds[-1] + c)
-        stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
-                  for s in range(rank, n, 2)]
-        params = [p for st in stages for p in st.submod.parameters()]
-        opt = torch.optim.Adam(params, lr=1e-4)
-        cls = getattr(pp, TORCH_NAMES[schedule])
-        try:
-            sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
-                        loss_fn=loss_fn)
-            times = []
-            for _ in range(steps + 1):
-                dist.barrier()
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                if rank == 0:
-                    sched.step(x)
-                else:
-                    sched.step(target=y, losses=[])
-                opt.step()
-                times.append(time.perf_counter() - t0)
-            out[schedule] = {"step_s": sorted(times[1:])[len(times[1:]) // 2]}
-        except Exception as error:  # noqa: BLE001 - reported in the table
-            out[schedule] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
-    return out
+    layers = build_layers()  # all of them (small), so the seeds match; each rank keeps its stages'
+    n = 2 * v
+    per = [1 + LAYERS // n if i == 0 else LAYERS // n for i in range(n)]
+    per[-1] += 1
+    bounds = [0]
+    for c in per:
+        bounds.append(bounds[-1] + c)
+    stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
+              for s in range(rank, n, 2)]
+    opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
+    cls = getattr(pp, TORCH_NAMES[schedule])
+    sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
+                loss_fn=loss_fn)
+    times, first_loss = [], None
+    for step in range(steps + 1):
+        losses = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        if rank == 0:  # holds stage 0 (and stage 2 when interleaved)
+            sched.step(x)
+        else:          # holds the last stage
+            sched.step(target=y, losses=losses)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if step == 0 and losses:
+            first_loss = float(torch.stack([loss.detach() for loss in losses]).mean())
+    return {"step_s": statistics.median(times[1:]), "first_loss": first_loss}
 
 
-# ----- DeepSpeed (its own venv: /tmp/ds-venv), run as a script by run_deepspeed -----
 def deepspeed_rank(m, steps):
+    """In DeepSpeed's own venv (run_deepspeed)."""
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
     deepspeed.init_distributed(dist_backend="gloo")
-    layers = [LayerSpec(Embed)] + [LayerSpec(type(block()), D, HEADS) for _ in range(LAYERS)] + [LayerSpec(Head)]
-    net = PipelineModule(layers, num_stages=2, loss_fn=loss_fn, partition_method="type:Block")
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=2, loss_fn=loss_fn,
+                         partition_method="type:Block")
     cfg = config(m)
     del cfg["pipeline"]
     engine, _, _, _ = deepspeed.initialize(model=net, config=cfg, model_parameters=list(net.parameters()))
-    x, y = data(m)
-    micro = [(x[i * MICRO:(i + 1) * MICRO], y[i * MICRO:(i + 1) * MICRO]) for i in range(m)]
-    times = []
+    micro = micro_batches(m)
+    times, losses = [], []
     for _ in range(steps + 1):
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        engine.train_batch(iter(micro))
+        losses.append(float(engine.train_batch(iter(micro))))
         times.append(time.perf_counter() - t0)
-    return {"1f1b": {"step_s": sorted(times[1:])[len(times[1:]) // 2], "version": deepspeed.__version__}}
+    return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "version": deepspeed.__version__}
+
+
+# ----- processes -----
+def _reason(error):
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
 
 
 def _entry(fn, rank, port, args, queue):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-    if not dist.is_initialized() and fn is not deepspeed_rank:
-        dist.init_process_group("gloo", rank=rank, world_size=2)
-    result = fn(*args)
-    queue.put((rank, result))
+    try:
+        os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+        if fn is not deepspeed_rank:
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+        result = (True, fn(*args))
+    except BaseException as error:  # noqa: BLE001 - spawn reports it, naming the rank
+        result = (False, _reason(error))
+    queue.put((rank, *result))
 
 
-def spawn(fn, *args, timeout=900):
-    """fn(*args) on 2 ranks; None where they do not finish within `timeout` seconds."""
+def spawn(fn, *args, timeout=RUN_TIMEOUT_S):
+    """fn(*args) on 2 ranks, one process each. Returns {"ranks": [rank 0's result, rank 1's]} or
+    {"error": why}: a rank raised (its exception), died without a result (its exit code), or did not
+    finish within `timeout` seconds (a hang)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with socket.socket() as sock:
@@ -206,101 +216,275 @@ def spawn(fn, *args, timeout=900):
     procs = [ctx.Process(target=_entry, args=(fn, r, port, args, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    try:
-        results = dict(queue.get(timeout=timeout) for _ in procs)
-    except Exception:  # noqa: BLE001 - queue.Empty: a rank hangs
-        for p in procs:
-            p.kill()
-        return None
+    results, errors = {}, {}
+    deadline = time.monotonic() + timeout
+
+    def receive(wait_s):
+        rank, ok, value = queue.get(timeout=wait_s)
+        (results if ok else errors)[rank] = value
+        return ok
+
+    while len(results) + len(errors) < len(procs):
+        try:
+            if not receive(1.0):
+                # Its peer is likely blocked on it until Gloo's own (30 min) timeout.
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
+            continue
+        except queue_module.Empty:
+            pass
+        for r, p in enumerate(procs):
+            if r in results or r in errors or p.is_alive():
+                continue
+            try:  # a result put just before exiting may still be in the pipe
+                while True:
+                    receive(0.5)
+            except queue_module.Empty:
+                pass
+            if r not in results and r not in errors:
+                errors[r] = f"exited with code {p.exitcode} before reporting a result"
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
+        if time.monotonic() > deadline:
+            for r in range(len(procs)):
+                if r not in results and r not in errors:
+                    errors[r] = (f"killed {PEER_GRACE_S} s after its peer failed" if errors
+                                 else f"did not finish within {timeout} s (a hang)")
+            break
     for p in procs:
+        if p.is_alive():
+            p.kill()
         p.join()
-    return [results[0], results[1]]
+    if errors:
+        return {"error": "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))}
+    return {"ranks": [results[0], results[1]]}
 
 
-def run_deepspeed(m, steps):
-    python = "/tmp/ds-venv/bin/python"
+def run_deepspeed(m, steps, venv):
+    python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
-        return None
-    code = ("import sys, json; sys.path.insert(0, %r); import pipeline as b; "
-            "print('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d, timeout=300)))" % (os.path.dirname(__file__), m, steps))
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=os.path.dirname(__file__))
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=420)
-    for line in done.stdout.splitlines():
+        return {"error": f"not installed (no {python}; --deepspeed-venv names DeepSpeed's venv)"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import json\ntry:\n    import deepspeed\nexcept ImportError as e:\n"
+            "    print('RESULT', json.dumps({'error': 'not installed in ' + %r + ': ' + str(e)}))\n    raise SystemExit\n"
+            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d)))" % (venv, m, steps))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here)
+    limit_s = RUN_TIMEOUT_S + 120
+    # A session of its own, so a timeout kills the ranks it spawned too.
+    proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"error": f"did not finish within {limit_s} s (killed)"}
+    for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return {"error": f"exited with code {proc.returncode}: " + (err.strip().splitlines() or ["no output"])[-1][:200]}
 
 
-def theory(schedule, p, m, v, measured_costs):
-    from zeroshard import _C
+# ----- bubbles -----
+def theory(schedule, p, m, v, F=1.0, B=1.0, W=1.0):
+    """Closed-form bubble fraction, uniform stages and free transfers. GPipe, 1F1B: (p-1)/(m+p-1);
+    interleaved with v chunks per rank: (p-1)/(vm+p-1). ZB-H1 (Qi et al. 2023, Zero Bubble Pipeline
+    Parallelism, section 3.1): each rank idles (p-1)(F+B-W) of a makespan m(F+B+W) + (p-1)(F+B-W),
+    F, B, W the forward, input-gradient and weight-gradient passes; at F=B=W about a third of 1F1B's."""
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / (m + p - 1)
     if schedule == "interleaved_1f1b":
         return (p - 1) / (v * m + p - 1)
-    lists = _C.pipeline.build(schedule, p, m, v)[0]
-    return _C.pipeline.simulate(lists, m, v, measured_costs)["bubble_fraction"]
+    idle = (p - 1) * max(F + B - W, 0.0)
+    return idle / (m * (F + B + W) + idle)
+
+
+def measured_bubble(step):
+    """One step (a timeline per rank): 1 - compute summed over ranks / (ranks x makespan), the
+    makespan from the first instruction's start to the last compute's end over all ranks."""
+    start = min(t[3] for tl in step for t in tl)
+    end = max(t[4] for tl in step for t in tl if t[0] in COMPUTE)
+    busy = sum(t[4] - t[3] for tl in step for t in tl if t[0] in COMPUTE)
+    return 1 - busy / (len(step) * (end - start))
+
+
+def rank_costs(steps):
+    """One rank's mean seconds per (compute op, chunk) over all its timed steps."""
+    sums = {}
+    for tl in steps:
+        for op, _, chunk, a, b in tl:
+            if op in COMPUTE:
+                sums.setdefault((op, chunk), []).append(b - a)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def mean_costs(ranks):
+    """Mean seconds per compute op over every rank, chunk and step: what _C.pipeline.simulate takes."""
+    sums = {}
+    for steps in ranks:
+        for tl in steps:
+            for op, _, _, a, b in tl:
+                if op in COMPUTE:
+                    sums.setdefault(op, []).append(b - a)
+    return {op: sum(v) / len(v) for op, v in sums.items()}
+
+
+def replay(lists, cost):
+    """The checker's timing rules (pipeline/schedule_check.cpp) with a cost per rank, which
+    _C.pipeline.simulate cannot take (one cost per op for all ranks): a compute pass adds
+    cost(rank, op, chunk) to its rank's clock; a send and its receive complete together once both
+    ranks are there (rendezvous, free here); reduce_tied waits for every rank."""
+    p = len(lists)
+    pc, clock, busy = [0] * p, [0.0] * p, [0.0] * p
+
+    def step(r):
+        if pc[r] >= len(lists[r]):
+            return False
+        op, _, chunk, peer = lists[r][pc[r]]
+        if op == "reduce_tied":
+            if any(pc[q] + 3 != len(lists[q]) for q in range(p)):
+                return False
+            now = max(clock)
+            for q in range(p):
+                clock[q], pc[q] = now, pc[q] + 1
+            return True
+        if op in SENDS + RECEIVES:
+            other = lists[peer][pc[peer]] if pc[peer] < len(lists[peer]) else None
+            if other is None or other[0] not in SENDS + RECEIVES or other[3] != r or (other[0] in SENDS) == (op in SENDS):
+                return False
+            clock[r] = clock[peer] = max(clock[r], clock[peer])
+            pc[r], pc[peer] = pc[r] + 1, pc[peer] + 1
+            return True
+        if op in COMPUTE:
+            clock[r] += cost(r, op, chunk)
+            busy[r] += cost(r, op, chunk)
+        pc[r] += 1
+        return True
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while step(r):
+                progress = True
+    assert all(pc[r] == len(lists[r]) for r in range(p)), "replay stuck on lists the checker passed"
+    return 1 - sum(busy) / (p * max(clock))
+
+
+def bubbles(schedule, m, v, ranks):
+    """theory, list (simulated, rank-averaged costs), imbalance (replayed, per-rank costs), measured
+    (median over steps), the costs, and the lists' bubble simulated at 4 and 8 stages."""
+    from zeroshard import _C
+    lists = _C.pipeline.build(schedule, 2, m, v)[0]
+    timelines = [r["timelines"] for r in ranks]
+    for rank, (lst, steps) in enumerate(zip(lists, timelines)):
+        planned = [i[:3] for i in lst if i[0] != "optimizer_step"]
+        if any([t[:3] for t in tl] != planned for tl in steps):
+            raise RuntimeError(f"{schedule}: rank {rank} did not execute the list _C.pipeline.build gives")
+    avg = mean_costs(timelines)
+    per_rank = [rank_costs(steps) for steps in timelines]
+    listed = _C.pipeline.simulate(lists, m, v, avg)["bubble_fraction"]
+    check = replay(lists, lambda r, op, chunk: avg[op])
+    assert abs(check - listed) < 1e-9, f"replay {check} != the checker's {listed} at the same costs"
+    fbw = {"F": avg.get("forward", 1.0), "B": avg.get("backward_input", 1.0), "W": avg.get("backward_weight", 1.0)}
+    deeper = {}
+    for p in (4, 8):
+        if schedule == "interleaved_1f1b" and m % p:
+            continue
+        deep = _C.pipeline.build(schedule, p, m, v)[0]
+        deeper[p] = (_C.pipeline.simulate(deep, m, v, avg)["bubble_fraction"], theory(schedule, p, m, v, **fbw))
+    return {"theory": theory(schedule, 2, m, v, **fbw), "unit_theory": theory(schedule, 2, m, v), "list": listed,
+            "imbalance": replay(lists, lambda r, op, chunk: per_rank[r][(op, chunk)]),
+            "measured": statistics.median(measured_bubble(step) for step in zip(*timelines)),
+            "costs": per_rank, "deeper": deeper}
+
+
+# ----- report -----
+def outcome(run, samples, reference):
+    """(cell, note) for one framework's run of one schedule: samples/s from the slowest rank's
+    median step, or why there is none."""
+    if "error" in run:
+        return ("not inst." if run["error"].startswith("not installed") else "failed"), run["error"]
+    ranks = run["ranks"]
+    loss = next((r["first_loss"] for r in reversed(ranks) if r["first_loss"] is not None), None)
+    if loss is None or abs(loss - reference) > LOSS_RTOL * abs(reference):
+        return "wrong loss", f"first-step loss {loss}, reference {reference:.7f}"
+    return f"{samples / max(r['step_s'] for r in ranks):.1f}", None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batches", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps, after one warm-up step")
+    parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
+    parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
     args = parser.parse_args()
     m, steps = args.micro_batches, args.steps
+    if steps < 1:
+        raise SystemExit(f"--steps: got {steps}, expected >= 1 (timed steps after the warm-up)")
     samples = m * MICRO
-    ours = spawn(zeroshard_rank, m, steps)
-    peers = {}
-    if not args.no_peers:
-        merged = {}
-        for schedule, _ in SCHEDULES:
-            got = spawn(torch_rank, m, steps, schedule, timeout=180)
-            merged[schedule] = got[0][schedule] if got else {"error": "did not finish within 180 s (a hang)"}
-        peers["torch"] = [merged]
-    if not args.no_peers:
-        peers["deepspeed"] = run_deepspeed(m, steps) or {"error": "did not finish within 300 s (a hang)"}
-    from zeroshard import _C
+    torch.set_num_threads(1)
+    reference = reference_loss(m)
+    runs = {("zeroshard", s): spawn(zeroshard_rank, m, steps, s, v) for s, v in SCHEDULES}
+    peers = [] if args.no_peers else ["torch", "deepspeed"]
+    if peers:
+        runs.update({("torch", s): spawn(torch_rank, m, steps, s, v) for s, v in SCHEDULES})
+        runs["deepspeed", "1f1b"] = run_deepspeed(m, steps, args.deepspeed_venv)
+
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
-          "2 stages (one process, one thread each), fp32, Gloo")
-    print(f"{'schedule':18} {'zeroshard samples/s':>20} {'torch':>10} {'deepspeed':>10} "
-          f"{'bubble measured':>16} {'theory':>8}")
+          f"2 stages (one process, one thread each), fp32, Gloo; {steps} timed steps after a warm-up")
+    print(f"verified before timing: each run's first-step loss against a one-process reference "
+          f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g})")
+    for (framework, schedule), run in runs.items():
+        if "error" in run:
+            print(f"  {framework:9} {schedule:16} did not run: {run['error'][:100]}")
+            continue
+        loss = next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
+        rel = abs(loss - reference) / abs(reference) if loss is not None else float("inf")
+        print(f"  {framework:9} {schedule:16} {loss if loss is not None else float('nan'):.7f}  "
+              f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
+
+    print(f"\n{'':18} {'samples/s':^32} | {'bubble fraction':^46}")
+    print(f"{'schedule':18} {'zeroshard':>10} {'torch':>10} {'deepspeed':>10} | {'theory':>8} {'list':>8} "
+          f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9}")
     for schedule, v in SCHEDULES:
-        z = ours[0][schedule]
-        step = max(ours[0][schedule]["step_s"], ours[1][schedule]["step_s"])
-        tls = [ours[0][schedule]["timeline"], ours[1][schedule]["timeline"]]
-        measured = costs(tls)
-        model = {"forward": measured["forward"]}
-        if "backward" in measured:
-            model["backward"] = measured["backward"]
-        if "backward_input" in measured:
-            model.update(backward_input=measured["backward_input"], backward_weight=measured["backward_weight"])
-        th = theory(schedule, 2, m, z["virtual"], model)
-        cells = []
-        for peer in ("torch", "deepspeed"):
-            r = (peers.get(peer) or [{}])[0] if peer == "torch" else (peers.get("deepspeed") or {})
-            r = r[0] if isinstance(r, list) else r
-            got = r.get(schedule) if isinstance(r, dict) else None
-            if got and "step_s" in got:
-                cells.append(f"{samples / got['step_s']:10.1f}")
-            else:
-                cells.append(f"{'-':>10}")
-        print(f"{schedule:18} {samples / step:20.1f} {cells[0]} {cells[1]} {bubble(tls):16.3f} {th:8.3f}")
-        sim = []
-        for p in (4, 8):
-            if schedule == "interleaved_1f1b" and m % p:
+        cells, notes = [], []
+        for framework in ["zeroshard"] + peers:
+            run = runs.get((framework, schedule))
+            if run is None:
+                cells.append("-")  # DeepSpeed runs 1F1B only
                 continue
-            lists = _C.pipeline.build(schedule, p, m, z["virtual"])[0]
-            sim.append(f"p={p}: {_C.pipeline.simulate(lists, m, z['virtual'], model)['bubble_fraction']:.3f} "
-                       f"(theory {theory(schedule, p, m, z['virtual'], model):.3f})")
-        print(f"{'':18} simulated at measured costs {', '.join(sim)}; costs ms "
-              + ", ".join(f"{k} {1e3 * c:.1f}" for k, c in model.items()))
-    for peer, r in peers.items():
-        rr = r[0] if isinstance(r, list) else r
-        errors = {k: v["error"] for k, v in (rr or {}).items() if isinstance(v, dict) and "error" in v}
-        if isinstance(rr, dict) and "error" in rr and isinstance(rr["error"], str):
-            errors = {"all": rr["error"]}
-        for k, e in errors.items():
-            print(f"{peer} {k}: did not run: {e}")
+            cell, note = outcome(run, samples, reference)
+            cells.append(cell)
+            if note:
+                notes.append(f"{framework}: {note}")
+        cells += [""] * (3 - len(cells))
+        ours = runs["zeroshard", schedule]
+        b = None
+        if "ranks" in ours:
+            try:
+                b = bubbles(schedule, m, v, ours["ranks"])
+            except Exception as error:  # noqa: BLE001 - shown in the table
+                notes.append(f"bubble: {_reason(error)}")
+        bubble_cells = "" if b is None else (
+            f"{b['theory']:8.3f} {b['list']:8.3f} {b['imbalance'] - b['list']:+10.3f} "
+            f"{b['measured'] - b['imbalance']:+9.3f} {b['measured']:9.3f}")
+        print(f"{schedule:18} {cells[0]:>10} {cells[1]:>10} {cells[2]:>10} | {bubble_cells}")
+        if b is not None:
+            costs = "; ".join(f"rank {r}: " + ", ".join(
+                f"{op}{'' if v == 1 else f'[{chunk}]'} {1e3 * s:.1f}" for (op, chunk), s in sorted(c.items()))
+                for r, c in enumerate(b["costs"]))
+            print(f"{'':20}costs ms {costs}")
+            if schedule == "zero_bubble":
+                print(f"{'':20}theory: ZB-H1's closed form at the rank-averaged measured F, B, W; at F=B=W it is "
+                      f"{b['unit_theory']:.3f}")
+            if b["deeper"]:
+                print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
+                    f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
+        for note in notes:
+            print(f"{'':20}{note}")
+    print("\nlist: the executed lists simulated by the checker (_C.pipeline.simulate) at rank-averaged "
+          "measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own costs; "
+          "+runtime: the rest of the median measured bubble (transfers, Python; below 0 where buffered "
+          "sends beat the checker's rendezvous). Few steps on shared cores: differences of a few 0.01 are noise")
 
 
 if __name__ == "__main__":
