@@ -423,22 +423,27 @@ class ZeroShardEngine(torch.nn.Module):
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             self._observer.step_begin()
             self._last = self._core.step(groups, self._train_batch_size)
-            self._drop_full_grads()
-            if self._last.applied:
-                # torch schedulers warn unless they see the optimizer was stepped first; one
-                # built on the script's own optimizer watches that one.
-                for opt in (self.optimizer, self._client_optimizer):
-                    if opt is not None:
-                        opt._opt_called = True
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step(**(lr_kwargs or {}))
-            else:
-                log_rank0(f"step {self.global_steps}: fp16 gradient overflow, step skipped; "
-                          f"loss scale {self._last.loss_scale:g} -> {self._core.state.loss_scale:g}",
-                          self.global_rank)
+            self._after_core_step(lr_kwargs)
             self._observer.step_end()
         self._core.state.count_micro_step()
         self._boundary_override = None
+
+    def _after_core_step(self, lr_kwargs=None):
+        """What follows the C++ step in every engine: gradients dropped as DeepSpeed drops them,
+        the scheduler stepped when the step was applied, a skipped fp16 step said."""
+        self._drop_full_grads()
+        if self._last.applied:
+            # torch schedulers warn unless they see the optimizer was stepped first; one built
+            # on the script's own optimizer watches that one.
+            for opt in (self.optimizer, self._client_optimizer):
+                if opt is not None:
+                    opt._opt_called = True
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        else:
+            log_rank0(f"step {self.global_steps}: fp16 gradient overflow, step skipped; "
+                      f"loss scale {self._last.loss_scale:g} -> {self._core.state.loss_scale:g}",
+                      self.global_rank)
 
     def zero_grad(self):
         self._core.zero_grad()

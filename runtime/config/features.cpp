@@ -25,6 +25,16 @@ void read_pipeline(Block& top, Config& c) {
   pc.grad_partitioned = p.get_bool("grad_partitioned", pc.grad_partitioned);
   pc.schedule = p.get_enum("schedule", pc.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"});
   pc.virtual_stages = p.get_int("virtual_stages", pc.virtual_stages, 1);
+  // DeepSpeed picks its reentrant or non-reentrant checkpoint with it; zeroshard's is one
+  // function, non-reentrant, with the same gradients either way.
+  if (p.has("use_reentrant")) {
+    const bool reentrant = p.get_bool("use_reentrant", true);
+    top.ctx().note(p.path_of("use_reentrant") + ": " + (reentrant ? "true" : "false") +
+                   " is read; zeroshard's activation checkpointing is non-reentrant in both cases (the "
+                   "same gradients; it also takes integer inputs and zero bubble's split)");
+  } else {
+    p.out()["use_reentrant"] = true;
+  }
   if (pc.virtual_stages > 1 && pc.schedule != "interleaved_1f1b")
     p.fail("virtual_stages", "got " + std::to_string(pc.virtual_stages) + " with schedule \"" + pc.schedule +
                                  "\"; several model chunks per rank need \"schedule\": \"interleaved_1f1b\" (else 1)");

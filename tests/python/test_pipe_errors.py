@@ -3,6 +3,7 @@ naming that stage and micro-batch (no hang); a boundary shape that changes betwe
 is named with both shapes; ZeRO stage 2 with a pipeline, a config that disagrees with the module,
 forward/backward/step on a pipeline engine and bad partitions are clear errors."""
 import os
+import re
 import time
 
 import pytest
@@ -73,6 +74,61 @@ def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage):
     assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], other["text"]
 
 
+def _raising_backward(schedule, virtual):
+    import torch
+    from pipe_models import D_MODEL, batches, layer_specs, rank_micro_batches
+    from zeroshard.pipe import LayerSpec
+
+    class FailsBackward(torch.autograd.Function):
+        calls = 0
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            FailsBackward.calls += 1
+            if FailsBackward.calls == 2:
+                raise ValueError("the layer's own backward error")
+            return grad
+
+    class Fails(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(D_MODEL))
+
+        def forward(self, x):
+            return FailsBackward.apply(x * self.scale)
+
+    layers = layer_specs(2, tied=False)
+    layers.insert(2, LayerSpec(Fails))  # on stage 0: the backward error waits for stage 1's gradient
+    extra = {"pipeline": {"schedule": schedule, "virtual_stages": virtual}}
+    engine = _engine(2, layers=layers, partition_method="uniform", virtual_stages=virtual, extra=extra)
+    it = rank_micro_batches(batches(1, MICRO, GAS, 1), MICRO, GAS, 0)
+    t0 = time.monotonic()
+    try:
+        engine.train_batch(it)
+    except BaseException as error:  # noqa: BLE001
+        notes = "\n".join(getattr(error, "__notes__", []))
+        return {"type": type(error).__name__, "text": f"{error}\n{notes}", "seconds": time.monotonic() - t0}
+    return {"type": None, "text": "", "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2)])
+def test_a_backward_that_raises_ends_every_rank_naming_it(schedule, virtual):
+    results = run_distributed(_raising_backward, 2, schedule, virtual, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
+    raisers = [r for r in results if r["type"] == "ValueError"]
+    assert len(raisers) == 1, results
+    raiser, other = raisers[0], results[1 - results.index(raisers[0])]
+    assert "the layer's own backward error" in raiser["text"], raiser
+    named = re.search(r"pipeline stage \d+ backward(_input|_weight)? of micro-batch \d+", raiser["text"])
+    assert named, raiser["text"]
+    assert other["type"] == "CommError", other
+    assert named.group(0) in other["text"], other["text"]
+    assert other["seconds"] < 30, other
+
+
 def _changing_shape():
     from pipe_models import batches, rank_micro_batches
     engine = _engine(2)
@@ -121,7 +177,6 @@ def _config_errors():
                                               extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
     attempt("one_stage_virtual", lambda: PipelineModule(layer_specs(2), num_stages=1, virtual_stages=2))
     attempt("partition_key", lambda: _engine(1, extra={"pipeline": {"partition": "uniform"}}))
-    attempt("interval_key", lambda: _engine(1, extra={"pipeline": {"activation_checkpoint_interval": 2}}))
     engine = _engine(1)
     for name in ("forward", "backward", "step"):
         try:
@@ -146,7 +201,6 @@ def test_configuration_errors_name_the_key():
     assert "gradient_accumulation_steps: got 3; the interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
     assert "virtual_stages 2 with one pipeline stage" in out["one_stage_virtual"]
     assert "pipeline.partition: got 'uniform', but the PipelineModule was built with partition_method='parameters'" in out["partition_key"]
-    assert "pipeline.activation_checkpoint_interval: got 2, but the PipelineModule was built with activation_checkpoint_interval=0" in out["interval_key"]
     for name in ("forward", "backward", "step"):
         assert out[name] and "Only train_batch() and eval_batch()" in out[name]
 

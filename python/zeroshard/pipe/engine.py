@@ -40,6 +40,8 @@ class PipelineEngine(ZeroShardEngine):
         # (op, micro-batch, chunk, start, end) per instruction of each train_batch, on the
         # monotonic clock every process shares, when a benchmark sets it to a list.
         self._timeline = None
+        self._batch_fn = None
+        self.has_attention_mask = False
         self.data_iterator = None
         if self.training_dataloader is not None:
             self.data_iterator = _repeat(self.training_dataloader)
@@ -84,14 +86,18 @@ class PipelineEngine(ZeroShardEngine):
         # DeepSpeed takes these from the PipelineModule; a config value that disagrees with it
         # would silently not apply, so it is an error.
         module_side = {"partition": (self.module.partition_method, "best", "partition_method"),
-                       "seed_layers": (self.module.seed_layers, False, "seed_layers"),
-                       "activation_checkpoint_interval": (self.module.activation_checkpoint_interval, 0,
-                                                          "activation_checkpoint_interval")}
+                       "seed_layers": (self.module.seed_layers, False, "seed_layers")}
         for key, (used, default, argument) in module_side.items():
             if settings[key] != default and settings[key] != used:
                 raise ValueError(f"pipeline.{key}: got {settings[key]!r}, but the PipelineModule was built "
                                  f"with {argument}={used!r}, which is what runs; pass it to "
                                  "PipelineModule (or leave the key out)")
+        # As DeepSpeed's engine: a positive interval in the config is the one that runs.
+        interval = int(settings["activation_checkpoint_interval"])
+        if interval > 0 and interval != self.module.activation_checkpoint_interval:
+            log_rank0(f"pipeline.activation_checkpoint_interval {interval} replaces the PipelineModule's "
+                      f"{self.module.activation_checkpoint_interval}, as in DeepSpeed", self.global_rank)
+            self.module.activation_checkpoint_interval = interval
         if settings["virtual_stages"] != self.module.virtual_stages:
             raise ValueError(f"pipeline.virtual_stages: got {settings['virtual_stages']}, the "
                              f"PipelineModule was built with virtual_stages="
@@ -116,7 +122,7 @@ class PipelineEngine(ZeroShardEngine):
         return self.module.stage_id == 0
 
     def is_last_stage(self):
-        return self.module.stage_id == self.module.num_stages - 1
+        return self.module.stage_id == self.module.last_stage_rank
 
     @property
     def num_stages(self):
@@ -137,6 +143,30 @@ class PipelineEngine(ZeroShardEngine):
     def set_dataiterator(self, iterator):
         self.data_iterator = iterator
 
+    def set_dataloader(self, loader):
+        """DeepSpeed's: train from this loader (restarted when it ends) from the next train_batch."""
+        if self._needs_data():
+            self.training_dataloader = loader
+            self.data_iterator = _repeat(loader)
+
+    def set_batch_fn(self, fn):
+        """DeepSpeed's (Megatron-DeepSpeed passes its batch function): every item the data
+        iterator yields goes through fn before it is split into (inputs, labels)."""
+        self._batch_fn = fn
+
+    def set_has_attention_mask(self, value):
+        """DeepSpeed's (GPT-NeoX calls it) marks an attention mask among the boundary tensors so
+        that it gets no gradient; here only floating tensors ever require one, so a mask (bool or
+        integer) crosses stages as it is whatever this says. Kept for DeepSpeed's reader."""
+        if not isinstance(value, bool):
+            raise ValueError(f"set_has_attention_mask: got {value!r}, expected True or False")
+        self.has_attention_mask = value
+
+    def reset_activation_shape(self):
+        """DeepSpeed's: the tensors crossing stage boundaries may change shape from the next
+        train_batch or eval_batch (every rank calls it), agreed again at its first micro-batch."""
+        self._links.forget_layouts()
+
     def schedule_report(self):
         """The checker's report of this run's schedule (unit costs): peak activations per stage
         and the bubble fraction."""
@@ -156,6 +186,8 @@ class PipelineEngine(ZeroShardEngine):
         if source is None:
             raise ValueError("train_batch: no data; pass data_iter or initialize(training_data=...)")
         batch = next(source)
+        if self._batch_fn is not None:
+            batch = self._batch_fn(batch)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise ValueError(f"pipeline: micro-batch {mb} is {type(batch).__name__}"
                              f"{' of ' + str(len(batch)) if isinstance(batch, (tuple, list)) else ''}; "
@@ -213,11 +245,7 @@ class PipelineEngine(ZeroShardEngine):
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self._observer.step_begin()
         self._last = self._core.step(groups, self._train_batch_size, duplicate)
-        self._drop_full_grads()
-        if self._last.applied:
-            self.optimizer._opt_called = True
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+        self._after_core_step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()
         self._observer.step_end()
@@ -231,7 +259,7 @@ class PipelineEngine(ZeroShardEngine):
             total = self._comm.all_reduce_values([total], str(self.device), "pipeline loss")[0] / self.dp_world_size
         if self._pipe_comm is not None:
             total = self._pipe_comm.all_reduce_values([total], str(self.device), "pipeline loss")[0]
-        return torch.tensor(total)
+        return torch.tensor(total, device=self.device)  # on the device, as DeepSpeed returns it
 
     # ----- evaluation -----
     @torch.no_grad()

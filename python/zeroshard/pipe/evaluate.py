@@ -7,6 +7,11 @@ from zeroshard.pipe.p2p import as_tuple
 
 
 def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcast_loss, micro_batches):
+    if data_iter is None and engine._needs_data():
+        raise ValueError("eval_batch: data_iter is None; pass an iterator over (inputs, labels) "
+                         "micro-batches (the training iterator is not evaluated on, as in DeepSpeed)")
+    if isinstance(reduce_output, str):
+        reduce_output = reduce_output.lower()  # DeepSpeed lower-cases it
     if reduce_output not in ("avg", None):
         raise ValueError(f"eval_batch: reduce_output {reduce_output!r}, expected 'avg' or None")
     module = engine.module
@@ -44,12 +49,11 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     else:
         output = None
         if holds_last:
-            output = torch.stack([r.detach().float() for r in results]).mean(0) if compute_loss else \
-                sum(r.detach().float() for r in results) / len(results)
+            output = _mean(results)
             if engine.dp_world_size > 1:
-                output = output.contiguous()
-                engine._comm.all_reduce(output, "eval_batch output")
-                output /= engine.dp_world_size
+                for t in (output if isinstance(output, tuple) else (output,)):
+                    engine._comm.all_reduce(t, "eval_batch output")
+                    t /= engine.dp_world_size
         # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
         if compute_loss and bcast_loss and engine._pipe_comm is not None:
             value = float(output) if holds_last else 0.0
@@ -57,3 +61,11 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     if return_logits:
         return output, (logits if holds_last else None)
     return output
+
+
+def _mean(results):
+    """The mean over micro-batches of the losses or outputs (a tuple of tensors averaged element
+    by element), in their own dtype."""
+    if isinstance(results[0], (tuple, list)):
+        return tuple(_mean([r[i] for r in results]) for i in range(len(results[0])))
+    return (torch.stack([r.detach() for r in results]).sum(0) / len(results)).contiguous()

@@ -93,6 +93,11 @@ class StageLinks:
             for work in self._sending.pop(0)[0]:
                 work.wait()
 
+    def forget_layouts(self):
+        """The boundary layouts are agreed again at the next micro-batch (every rank calls it
+        between steps: DeepSpeed's reset_activation_shape)."""
+        self._agreed = {}
+
     @property
     def sends_in_flight(self):
         """Messages sent and not yet waited for."""

@@ -1,0 +1,117 @@
+"""The pipeline engine's API as DeepSpeed, Megatron-DeepSpeed and GPT-NeoX scripts call it, at
+2 stages: deepspeed.PipelineEngine for isinstance, set_batch_fn (Megatron's batch function),
+set_dataloader, set_has_attention_mask with a boolean mask crossing the stages in a tuple beside
+the hidden states, reset_activation_shape before a longer sequence, pipeline.activation_checkpoint_
+interval from the config (the blocks really recompute), eval_batch's reduce_output and compute_
+loss forms, train_batch's loss on the device, and a partition by type that differs from the
+partition by parameters."""
+import torch
+import torch.nn.functional as F
+
+from harness import run_distributed
+
+VOCAB, D, MICRO, GAS = 32, 16, 2, 2
+
+
+class MaskedEmbed(torch.nn.Module):
+    """tokens -> (hidden, padding mask): the mask crosses every stage boundary beside the hidden."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, D)
+
+    def forward(self, tokens):
+        return self.emb(tokens), tokens != 0
+
+
+class MaskedBlock(torch.nn.Module):
+    forwards = 0  # calls, to see checkpointing recompute
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(D, D)
+
+    def forward(self, inputs):
+        MaskedBlock.forwards += 1
+        h, mask = inputs
+        return h + torch.tanh(self.fc(h)) * mask.unsqueeze(-1), mask
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(D, VOCAB)
+
+    def forward(self, inputs):
+        h, _ = inputs
+        return self.out(h)
+
+
+def _loss(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def _sequences(count, seq, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (MICRO, seq + 1), generator=g) for _ in range(count)]
+
+
+def _api_worker():
+    import zeroshard as deepspeed  # as DeepSpeed scripts import it
+    from zeroshard.pipe import LayerSpec, PipelineModule
+
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(Head)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="type:MaskedEmbed|Head")
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
+              "pipeline": {"activation_checkpoint_interval": 1, "use_reentrant": False}}
+    engine, _, _, _ = deepspeed.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    out = {"is_engine": isinstance(engine, deepspeed.PipelineEngine), "parts": list(net.parts),
+           "interval": net.activation_checkpoint_interval}
+    engine.set_has_attention_mask(True)
+    # Megatron-style: the loader yields raw sequences, the batch function splits them.
+    engine.set_batch_fn(lambda seq: (seq[:, :-1], seq[:, 1:]))
+    engine.set_dataloader(_sequences(4, 6, seed=1))
+    MaskedBlock.forwards = 0
+    loss = engine.train_batch()
+    out["loss_device"] = str(loss.device)
+    out["loss_is_tensor"] = torch.is_tensor(loss)
+    out["block_forwards"] = MaskedBlock.forwards  # 2 blocks on this stage x 2 micro-batches, x2 with recompute
+    # A longer sequence from the next batch on: every rank agrees on the new layout.
+    engine.reset_activation_shape()
+    engine.set_batch_fn(None)
+    longer = iter([(s[:, :-1], s[:, 1:]) for s in _sequences(GAS, 9, seed=2)])
+    out["longer_loss"] = float(engine.train_batch(longer))
+    evaluation = [(s[:, :-1], s[:, 1:]) for s in _sequences(GAS, 9, seed=3)]
+    out["eval_avg"] = float(engine.eval_batch(iter(evaluation), reduce_output="AVG"))
+    per_micro = engine.eval_batch(iter(evaluation), reduce_output=None)
+    out["eval_list"] = None if per_micro is None else [float(x) for x in per_micro]
+    logits = engine.eval_batch(iter(evaluation), compute_loss=False)
+    out["logits_shape"] = None if logits is None else list(logits.shape)
+    try:
+        engine.eval_batch(None)
+        out["none_error"] = None
+    except ValueError as error:
+        out["none_error"] = str(error)
+    return out
+
+
+def test_the_pipeline_engine_as_deepspeed_scripts_use_it():
+    results = run_distributed(_api_worker, 2, timeout=180)
+    for rank, r in enumerate(results):
+        assert r["is_engine"], f"rank {rank}: isinstance(engine, deepspeed.PipelineEngine) is False"
+        # type:MaskedEmbed|Head weighs only those two: one per stage, the blocks spread evenly.
+        assert r["parts"] == [0, 3, 6], f"rank {rank}: partition {r['parts']}"
+        assert r["interval"] == 1, f"rank {rank}: the config's activation_checkpoint_interval did not apply"
+        assert r["loss_is_tensor"] and r["loss_device"] == "cpu", r
+        # Each stage holds 2 blocks; each of the 2 micro-batches runs them in forward and again in
+        # backward (recomputed): 8 calls, 4 without checkpointing.
+        assert r["block_forwards"] == 8, f"rank {rank}: {r['block_forwards']} block forwards"
+        assert r["longer_loss"] > 0
+        assert abs(r["eval_avg"] - sum(results[1]["eval_list"]) / GAS) < 1e-6, r
+        assert r["none_error"] is not None and "data_iter is None" in r["none_error"], r
+    assert results[1]["eval_list"] is not None and len(results[1]["eval_list"]) == GAS
+    assert results[0]["eval_list"] is None and results[0]["logits_shape"] is None
+    # compute_loss=False, reduce_output "avg": the last stage's logits averaged over micro-batches.
+    assert results[1]["logits_shape"] == [MICRO, 9, VOCAB]
