@@ -1,17 +1,7 @@
-"""Activations and gradients between pipeline stages, through the engine's world communicator
-(c10d send/recv: Gloo on CPU, NCCL on GPU; numbered and watched like every collective). The
-tensors crossing each stage boundary (a tensor or a tuple of them) are described once, at the
-first micro-batch: the sender sends their dtypes and shapes, both sides keep that layout, and
-every later micro-batch is checked against it on the sending side, so a shape that changes is an
-error naming the stage, the micro-batch and both shapes instead of a receive of the wrong size.
+"""Activations and gradients between pipeline stages over the world communicator's c10d send/recv,
+with each boundary's dtypes and shapes agreed at the first micro-batch and checked after (see
+StageLinks)."""
 
-Sends return at once (the backend's thread moves the data while the stage computes); a rank
-keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
-schedule is deadlock-free with sends that block until received, so waiting for a send at any
-later point cannot deadlock either, and it ends no later than that send would have). Receives can be posted ahead of the instruction that
-waits for them (post), so that the data arrives during the computation before it: on Gloo only,
-which matches transfers by tag; NCCL matches a pair of ranks' transfers in the order they are
-issued, and a receive moved ahead of a send could meet its peer's receive first."""
 import torch
 
 SENDS_IN_FLIGHT = 2
@@ -52,6 +42,19 @@ class _Posted:
 
 
 class StageLinks:
+    """The sender describes what crosses each boundary (a tensor or a tuple) once, at the first
+    micro-batch; both sides keep that layout, and a later micro-batch whose tensors differ is an
+    error naming the stage, the micro-batch and both layouts instead of a receive of the wrong size.
+
+    Sends return at once (the backend's thread moves the data while the stage computes); a rank
+    keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
+    schedule is deadlock-free with sends that block until received, so waiting for a send at any
+    later point cannot deadlock either, and it ends no later than that send would have). Receives
+    can be posted ahead of the instruction that waits for them (post), so that the data arrives
+    during the computation before it: on Gloo only, which matches transfers by tag; NCCL matches a
+    pair of ranks' transfers in the order they are issued, and a receive moved ahead of a send could
+    meet its peer's receive first."""
+
     def __init__(self, comm, device):
         self._comm = comm
         self._device = device

@@ -1,20 +1,7 @@
-"""Zero bubble's split of one stage's backward, over the graph its forward recorded: B, the
-gradient of the stage's inputs (the previous stage waits for it), and W, the weights' gradients
-(run later, where the schedule has a bubble to fill), without W repeating B's work.
+"""Zero bubble's split of one stage's backward into B (the inputs' gradient, which the previous
+stage waits for) and W (the weights', run later to fill the bubble), over the graph the forward
+recorded, W not repeating B's work (see backward_input)."""
 
-The graph's nodes that lead to the stage's inputs (the input path) all run in B. Some of them
-also lead to weights off that path, a matmul's backward being the usual one: it computes its
-input's gradient for B and its weight's for W. B keeps the gradient that reached each such node
-(its owner: the last node on the input path before the weight's own subgraph), and W runs each
-owner again from that gradient, asking autograd for that owner's weights only, so that W costs the
-weight half of the backward instead of a second whole backward.
-
-A weight under two owners (a module called twice, one tensor used in two places of the chunk)
-could be reached by one owner's replay through the other owner's input path and be counted twice;
-such weights get their whole gradient in B instead, which is exact (B then just does their work).
-So do the weights of a segment checkpointed with zeroshard.checkpointing, whose replay would
-recompute the segment (torch recomputes once per backward call); a segment checkpointed with
-torch.utils.checkpoint directly is exact too, but recomputed in each replay that reaches it."""
 import torch
 from torch.autograd.graph import GradientEdge
 
@@ -100,7 +87,21 @@ def backward_input(roots, grads, inputs):
     """B: accumulates the input gradients into each input's .grad (and, into .grad, the whole
     gradient of weights W cannot replay exactly); returns the WeightPass that completes the
     backward. roots: the outputs that require grad; grads: their gradients (None for a scalar
-    loss); inputs: the stage's input leaves that require grad."""
+    loss); inputs: the stage's input leaves that require grad.
+
+    The graph's nodes that lead to the stage's inputs (the input path) all run in B. Some of them
+    also lead to weights off that path, a matmul's backward being the usual one: it computes its
+    input's gradient for B and its weight's for W. B keeps the gradient that reached each such node
+    (its owner: the last node on the input path before the weight's own subgraph), and W runs each
+    owner again from that gradient, asking autograd for that owner's weights only, so that W costs the
+    weight half of the backward instead of a second whole backward.
+
+    A weight under two owners (a module called twice, one tensor used in two places of the chunk)
+    could be reached by one owner's replay through the other owner's input path and be counted twice;
+    such weights get their whole gradient in B instead, which is exact (B then just does their work).
+    So do the weights of a segment checkpointed with zeroshard.checkpointing, whose replay would
+    recompute the segment (torch recomputes once per backward call); a segment checkpointed with
+    torch.utils.checkpoint directly is exact too, but recomputed in each replay that reaches it."""
     graph = _Graph([r.grad_fn for r in roots if r.grad_fn is not None], inputs)
     if any(type(node).__name__ == "CheckpointFunctionBackward" for node in graph.nodes):
         raise ValueError("pipeline.schedule zero_bubble: the stage runs a reentrant activation "
