@@ -419,12 +419,13 @@ class ZeroShardEngine(torch.nn.Module):
         if self._in_no_sync:
             raise RuntimeError("step: called inside engine.no_sync(), whose gradients are not "
                                "reduced yet; leave the block and run one more backward first")
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        self._observer.step_begin()
+        if boundary:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self._observer.step_begin()
             self._last = self._core.step(groups, self._train_batch_size)
             self._after_core_step(lr_kwargs)
-            self._observer.step_end()
+        self._observer.step_end(boundary)
         self._core.state.count_micro_step()
         self._boundary_override = None
 

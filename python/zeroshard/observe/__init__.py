@@ -102,15 +102,20 @@ class Observer:
             self.timers.start("step")
         self._phase("step", True)
 
-    def step_end(self):
-        """After the optimizer step at the accumulation boundary (applied or skipped)."""
+    def step_end(self, boundary):
+        """After engine.step(): every micro-step's call counts in the step phase (as DeepSpeed's
+        step_microstep); at the accumulation boundary (the optimizer stepped or skipped) the
+        step's reports follow."""
         engine = self._engine
         step_seconds = time.perf_counter() - (self._step_started or time.perf_counter())
         self._phase("step", False)
+        if self.timers is not None:
+            self.timers.stop("step")
+        if not boundary:
+            return
         self._phase("window", False)
         phases = None
         if self.timers is not None:
-            self.timers.stop("step")
             phases = self.timers.end_window(engine._core)
         self._in_step = False
         if self.monitors.enabled:

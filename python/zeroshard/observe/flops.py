@@ -11,9 +11,23 @@ import os
 import time
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from zeroshard.log import log_rank0
+
+
+# torch's formulas cover the CUDA attention kernels; on CPU scaled_dot_product_attention runs these,
+# counted the same way (the backward recomputes the scores, as flash attention's does).
+def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
+                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward}
 
 
 def _numel(p):
@@ -57,7 +71,7 @@ class _MicroStepCount:
             for m, name in self._names().items():
                 self._hooks.append(m.register_forward_pre_hook(lambda mod, args, name=name: self._pre(name)))
                 self._hooks.append(m.register_forward_hook(lambda mod, args, out, name=name: self._post(name)))
-        self._counter = FlopCounterMode(display=False, depth=None)
+        self._counter = FlopCounterMode(display=False, depth=None, custom_mapping=_CPU_ATTENTION)
         self._counter.__enter__()
 
     def _pre(self, name):

@@ -248,7 +248,7 @@ class PipelineEngine(ZeroShardEngine):
         self._after_core_step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()
-        self._observer.step_end()
+        self._observer.step_end(True)
 
     def _share_loss(self, losses):
         """The last stage's mean loss, averaged over its data-parallel ranks, on every rank."""

@@ -1,0 +1,245 @@
+"""What a run reports about itself (zeroshard/observe/, zeroshard/report.py), from the script's side.
+One ZeRO-3 fp16 run at world 2 with every reporting key on checks: TensorBoard events (read back
+with the tensorboard package's reader) and CSV files with DeepSpeed's tags, steps and values; the
+per-rank and merged Chrome traces (valid JSON, every collective of the flight recorder on both ranks
+with the same sequence number, spans nested, the memory counters' peaks equal to the runtime's own
+peaks); zeroshard-report's PNGs and a summary whose phases add up to the step time; the comms table;
+the progress line's TFLOPS, peak memory and phase times. Then the flops profiler against the
+analytic count of a GPT, missing monitor packages named, and a pipeline's instructions traced."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from harness import run_distributed
+
+STEPS, MICRO, GAS = 4, 2, 2
+TAGS = ["Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/loss_scale"] + [
+    f"Train/Samples/elapsed_time_ms_{p}" for p in ("forward", "backward", "backward_inner", "backward_allreduce", "step")]
+
+
+def _config(root):
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "steps_per_print": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3},
+            "fp16": {"enabled": True, "initial_scale_power": 8},
+            "wall_clock_breakdown": True, "memory_breakdown": True,
+            "tensorboard": {"enabled": True, "output_path": os.path.join(root, "tb"), "job_name": "job"},
+            "csv_monitor": {"enabled": True, "output_path": os.path.join(root, "csv"), "job_name": "job"},
+            "comms_logger": {"enabled": True},
+            "trace": {"enabled": True, "output_path": os.path.join(root, "trace"), "steps": [2, 3]}}
+
+
+def _reporting_worker(root):
+    import torch
+    import zeroshard
+    from models import global_batch, wide_gpt
+    model = wide_gpt()  # compute large enough for the summary's phases to outweigh the glue between them
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=_config(root))
+    rank, world = engine.global_rank, engine.world_size
+    window_losses, recent, peaks = [], None, None
+    for step in range(STEPS):
+        if step == 1:
+            engine._core.memory.reset_peaks()  # the trace (steps 2-3) starts from here
+        batch = global_batch("gpt-wide", step, MICRO * GAS * world)
+        losses = []
+        for micro in range(GAS):
+            lo = (rank * GAS + micro) * MICRO
+            loss = engine(batch[lo:lo + MICRO])
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss))
+        window_losses.append(sum(losses) / GAS)
+        if step == 2:  # the last traced step: what the flight recorder holds now is in the trace
+            recent = engine._comm.recent_collectives()
+            peaks = dict(engine._core.memory.peak_bytes())
+    summary = engine.comms_summary()
+    return {"window_losses": window_losses, "recent": recent, "peaks": peaks, "summary": summary,
+            "batch": engine.train_batch_size()}
+
+
+def _scalars(path, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(path)
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def _nested(events):
+    """Whether the complete spans of each (process, thread) nest: each one inside or apart from
+    every other."""
+    by_track = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for spans in by_track.values():
+        stack = []
+        for start, end, name in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1][1] <= start + 1e-3:
+                stack.pop()
+            if stack and end > stack[-1][1] + 1e-3:
+                return f"{name} [{start}, {end}] crosses {stack[-1][2]} [{stack[-1][0]}, {stack[-1][1]}]"
+            stack.append((start, end, name))
+    return None
+
+
+def test_a_stage3_run_reports_everything(tmp_path, capfd):
+    root = str(tmp_path)
+    results = run_distributed(_reporting_worker, 2, root, timeout=300, env={"ZEROSHARD_COUNT_FLOPS": "1"})
+    out = capfd.readouterr().out
+    batch = results[0]["batch"]
+    # ----- monitors: rank 0 writes, DeepSpeed's tags; train_loss at the samples before its step
+    # (rank 0's mean over the window), lr and the rest after it -----
+    tb = os.path.join(root, "tb", "job")
+    for tag in TAGS:
+        points = _scalars(tb, tag)
+        expected_steps = [s * batch for s in range(STEPS)] if tag.endswith("train_loss") else \
+            [s * batch for s in range(1, STEPS + 1)]
+        assert [p[0] for p in points] == expected_steps, f"{tag}: steps {[p[0] for p in points]}"
+        if tag.endswith("train_loss"):
+            for (_, value), want in zip(points, results[0]["window_losses"]):
+                assert abs(value - want) <= 1e-5 * abs(want), f"{tag}: {value} against rank 0's {want}"
+    with open(os.path.join(root, "csv", "job", "Train_Samples_train_loss.csv")) as f:
+        rows = [line.strip().split(",") for line in f]
+    assert rows[0] == ["step", "train_loss"] and len(rows) == STEPS + 1, rows
+    assert [float(v) for _, v in rows[1:]] == pytest.approx([v for _, v in _scalars(tb, TAGS[0])], rel=1e-6)
+    assert sorted(os.listdir(os.path.join(root, "csv", "job"))) == sorted(t.replace("/", "_") + ".csv" for t in TAGS)
+    # ----- traces -----
+    trace_dir = os.path.join(root, "trace")
+    per_rank = []
+    for rank in range(2):
+        with open(os.path.join(trace_dir, f"trace_rank{rank}.json")) as f:
+            per_rank.append(json.load(f)["traceEvents"])
+    with open(os.path.join(trace_dir, "trace_merged.json")) as f:
+        merged = json.load(f)["traceEvents"]
+    assert {e["pid"] for e in merged} == {0, 1}
+    collectives = [{(e["args"]["seq"], e["args"]["op"]) for e in evs if e.get("cat") == "comm" and e["ph"] == "b"}
+                   for evs in per_rank]
+    assert collectives[0] and collectives[0] == collectives[1], "the ranks' traces hold different collectives"
+    for rank, r in enumerate(results):
+        traced = sorted(s for s, _ in collectives[rank])
+        # Every collective from the trace's start on is in it (the trace-start barrier, which moves
+        # no tensor, is the only number it may skip), the flight recorder's among them.
+        assert traced[-1] - traced[0] + 1 - len(traced) <= 1, f"rank {rank}: traced {traced}"
+        for seq in (int(m) for m in re.findall(r"#(\d+) \w+\(", r["recent"])):
+            if seq >= traced[0]:
+                assert seq in traced, f"rank {rank}: flight recorder's #{seq} not traced ({traced})"
+    for rank, evs in enumerate(per_rank):
+        crossing = _nested(evs)
+        assert crossing is None, f"rank {rank}: spans do not nest: {crossing}"
+        names = {e["name"] for e in evs if e.get("cat") == "module"}
+        assert any(n.startswith("forward ") for n in names) and any(n.startswith("backward ") for n in names)
+        counters = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "model state bytes"]
+        for category, peak in results[rank]["peaks"].items():
+            assert max(c[category] for c in counters) == peak, f"rank {rank}: {category} peak"
+    # ----- zeroshard-report -----
+    from zeroshard import report
+    pictures = str(tmp_path / "pictures")
+    assert report.main([trace_dir, "--out", pictures, "--timeline"]) == 0
+    for name in ("memory_rank0.png", "memory_rank1.png", "timeline.png"):
+        with open(os.path.join(pictures, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+    for rank, evs in report._by_rank(report.load(trace_dir)).items():
+        steps = report.step_summaries(evs)
+        assert [s["name"] for s in steps] == ["step 2", "step 3"], steps
+        for s in steps:
+            phases = sum(s["phases_ms"].values())
+            assert abs(phases - s["step_ms"]) <= 0.05 * s["step_ms"], f"rank {rank} {s}"
+    # ----- comms table, progress line -----
+    for r in results:
+        assert "all_gather" in r["summary"] and "Avg Latency(ms)" in r["summary"], r["summary"]
+    lines = [line for line in out.splitlines() if line.startswith("[zeroshard] step ")]
+    assert len(lines) == STEPS, out[-3000:]
+    for field in ("TFLOPS", "peak model state", "peak host", "ms: forward", "backward_allreduce"):
+        assert field in lines[-1], lines[-1]
+    assert "memory after step 4" in out
+    assert "trace written to" in out
+
+
+def _flops_worker(path):
+    import torch
+    import zeroshard
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    from gpt import GPT
+    torch.manual_seed(0)
+    vocab, seq, d, layers = 256, 32, 64, 2
+    model = GPT(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=4)
+    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": path}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for step in range(3):
+        loss = engine(torch.randint(0, vocab, (4, seq + 1)))
+        engine.backward(loss)
+        engine.step()
+    counted = engine._observer.flops._counted
+    return {"forward": counted.forward["Global"], "backward": counted.backward["Global"],
+            "shape": (vocab, seq, d, layers, 4)}
+
+
+def test_the_flops_profile_of_a_gpt_is_6_x_params_x_tokens_plus_attention(tmp_path):
+    path = str(tmp_path / "profile.txt")
+    r = run_distributed(_flops_worker, 1, path, timeout=180)[0]
+    vocab, seq, d, layers, batch = r["shape"]
+    matmul_params = layers * 12 * d * d + d * vocab  # qkv, proj, fc, out per block; the tied head
+    tokens = batch * seq
+    # Attention per layer and sequence: q @ k^T and probabilities @ v forward (4 s^2 d), and
+    # backward the scores recomputed and four products (10 s^2 d), torch's flash-attention count.
+    attention = layers * batch * (4 + 10) * seq * seq * d
+    analytic = 6 * matmul_params * tokens + attention
+    counted = r["forward"] + r["backward"]
+    assert abs(counted - analytic) <= 0.05 * analytic, f"{counted} FLOPs against {analytic}"
+
+    with open(path) as f:
+        text = f.read()
+    # profile_step 1: the step after one step (DeepSpeed's count), the progress lines' step 2.
+    for part in ("Flops Profiler", "Profile Summary at step 2", "Aggregated Profile per GPU", "Detailed Profile per GPU",
+                 "blocks (ModuleList)", "fwd MACs per GPU"):
+        assert part in text, part
+
+
+def _missing_package_worker(block):
+    import torch
+    import zeroshard
+    sys.modules[{"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml"}[block]] = None  # as if absent
+    model = torch.nn.Linear(4, 4)
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              block: {"enabled": True}}
+    try:
+        zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    except ImportError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("block,package", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("comet", "comet-ml")])
+def test_a_monitor_whose_package_is_missing_is_named_at_start(block, package):
+    message = run_distributed(_missing_package_worker, 1, block, timeout=120)[0]
+    assert message is not None and f"{block}.enabled is true" in message and f"pip install {package}" in message, message
+
+
+def _pipeline_trace_worker(root):
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import batches, layer_specs, loss_fn, rank_micro_batches
+    net = PipelineModule(layers=layer_specs(2, tied=False), num_stages=2, loss_fn=loss_fn)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 1,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "wall_clock_breakdown": True,
+              "pipeline": {"schedule": "zero_bubble"}, "trace": {"enabled": True, "output_path": root, "steps": [2]}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config, model_parameters=list(net.parameters()))
+    for step in range(3):
+        engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1, seed=step), 2, 4, 0))
+    return engine.global_rank
+
+
+def test_a_pipelines_instructions_are_traced(tmp_path, capfd):
+    run_distributed(_pipeline_trace_worker, 2, str(tmp_path), timeout=180)
+    out = capfd.readouterr().out
+    with open(tmp_path / "trace_merged.json") as f:
+        events = json.load(f)["traceEvents"]
+    for rank in range(2):
+        ops = {e["name"].split(" mb ")[0] for e in events if e.get("cat") == "pipeline" and e["pid"] == rank}
+        assert {"forward", "backward_input", "backward_weight"} <= ops, (rank, ops)
+        assert ("send_activation" if rank == 0 else "receive_activation") in ops
+    assert "ms: forward" in [line for line in out.splitlines() if line.startswith("[zeroshard] step 3")][0]
