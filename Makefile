@@ -40,8 +40,8 @@ setup-system:
 	fi
 
 setup-python:
-	@$(PY) -c "import torch, numpy, pytest, scikit_build_core, ninja, safetensors, transformers, accelerate; assert torch.__version__.split('+')[0] == '2.11.0'; assert transformers.__version__ == '5.23.0' and accelerate.__version__ == '1.15.0'" 2>/dev/null || \
-	  $(PIP) install -q -c constraints.txt torch numpy pytest scikit-build-core ninja safetensors transformers accelerate
+	@$(PY) -c "import torch, numpy, pytest, scikit_build_core, ninja, safetensors, transformers, accelerate, tensorboard, matplotlib, tqdm; assert torch.__version__.split('+')[0] == '2.11.0'; assert transformers.__version__ == '5.23.0' and accelerate.__version__ == '1.15.0'" 2>/dev/null || \
+	  $(PIP) install -q -c constraints.txt torch numpy pytest scikit-build-core ninja safetensors transformers accelerate tensorboard matplotlib tqdm
 
 clean:
 	rm -rf build

@@ -48,6 +48,27 @@ void set_warning_sink(std::function<void(const std::string&)> s) {
   sink(kWarning) = std::move(s);
 }
 
+namespace {
+ProgressSink& progress_sink() {
+  static auto* s = new ProgressSink();  // leaked, as the other sinks
+  return *s;
+}
+}  // namespace
+
+void progress(const std::string& what, int64_t done, int64_t total) {
+  ProgressSink to;
+  {
+    std::lock_guard<std::mutex> lock(sink_mutex);
+    to = progress_sink();
+  }
+  if (to) to(what, done, total);
+}
+
+void set_progress_sink(ProgressSink s) {
+  std::lock_guard<std::mutex> lock(sink_mutex);
+  progress_sink() = std::move(s);
+}
+
 void set_info_sink(std::function<void(const std::string&)> s) {
   std::lock_guard<std::mutex> lock(sink_mutex);
   sink(kInfo) = std::move(s);

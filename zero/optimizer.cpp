@@ -8,6 +8,7 @@
 
 #include "runtime/initial_sync.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/trace.h"
 
 namespace zeroshard {
@@ -176,11 +177,13 @@ void ZeroOptimizer::write_out_swapped() {
     for (const ShardPart& p : shard->parts()) bytes += p.swapped ? p.swapped->file_bytes() : 0;
   }
   swap_->dir().require_space(bytes);
+  int64_t done = 0;
   for (const auto& shard : shards_) {
     for (const ShardPart& p : shard->parts()) {
       if (p.swapped) p.swapped->preallocate();
     }
     shard->end_resident(true);  // the seeded masters go to disk; host memory keeps none of them
+    progress("NVMe: writing the optimizer state", ++done, int64_t(shards_.size()));
   }
 }
 

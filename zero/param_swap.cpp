@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace zeroshard {
 
@@ -92,6 +93,9 @@ void ParamSwap::start(const std::vector<FlatGroup*>& groups, const std::vector<s
   for (auto& part : parts_) {
     if (part) part->preallocate();
   }
+  int64_t total = 0, written = 0;
+  for (auto& group : chunks_)
+    for (Chunk& c : group) total += groups_[size_t(c.group)]->params_on_nvme() && !c.stays;
   for (auto& group : chunks_) {
     for (Chunk& c : group) {
       if (!groups_[size_t(c.group)]->params_on_nvme()) continue;
@@ -99,6 +103,7 @@ void ParamSwap::start(const std::vector<FlatGroup*>& groups, const std::vector<s
       if (c.stays) continue;
       c.dirty = true;
       evict(c);
+      progress("NVMe: writing the parameter chunks", ++written, total);
     }
   }
   settle();

@@ -218,14 +218,25 @@ void bind_runtime(py::module_& m) {
   // runtime_info, kept for the life of the process: the C++ side may speak from any thread.
   set_warning_sink(python_sink("runtime_warning", stderr, "warning: "));
   set_info_sink(python_sink("runtime_info", stdout, ""));
+  auto* draw = new py::object(py::module_::import("zeroshard.log").attr("runtime_progress"));  // never freed
+  set_progress_sink([draw](const std::string& what, int64_t done, int64_t total) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      (*draw)(what, done, total);
+    } catch (const py::error_already_set&) {
+      // A bar that cannot draw is no reason to stop the work it reports on.
+    }
+  });
   bind_observability(m);
-  // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
-  // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
-  // zeroshard.log clears the sink at exit (atexit), before the interpreter starts finalizing.
+  // zeroshard.log clears the sinks at exit (atexit), before the interpreter starts finalizing.
   m.def("clear_warning_sink", [] {
     set_warning_sink(nullptr);
     set_info_sink(nullptr);
+    set_progress_sink(nullptr);
   });
+  // One tensor's ZeRO-3 chunk (runtime/shard.h), for zero.Init: (chunk_numel, held_numel), the
+  // elements rank holds of it being [rank * chunk_numel, rank * chunk_numel + held_numel).
   m.def("zero3_chunk", [](int64_t numel, int64_t world_size, int64_t rank) {
         const ChunkLayout layout = make_chunk_layout({numel}, world_size);
         return std::make_pair(layout.chunks[0], layout.held_numel(0, rank));

@@ -389,9 +389,9 @@ class ZeroShardEngine(torch.nn.Module):
         if not loss.requires_grad:
             raise ValueError("backward: the loss does not require grad (was it computed under "
                              "torch.no_grad(), or from detached outputs?)")
+        self._observer.backward_begin()
         scaled = loss / self._gas if scale_wrt_gas else loss
         boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
-        self._observer.backward_begin()
         self._core.before_backward(boundary)
         try:
             if self._frozen_release is not None:

@@ -30,6 +30,12 @@ def runtime_info(message: str) -> None:
     logger.info(message)
 
 
+def runtime_progress(what: str, done: int, total: int) -> None:
+    """The C++ runtime's progress on long work: a bar on rank 0 (zeroshard/observe/bars.py)."""
+    from zeroshard.observe.bars import runtime_progress as draw
+    draw(what, done, total)
+
+
 def _stop_runtime_warnings():
     # At exit, before finalization: later C++ warnings go to stderr, never into a dying interpreter.
     module = sys.modules.get("zeroshard._C")

@@ -15,7 +15,7 @@ import pytest
 
 from harness import run_distributed
 
-STEPS, MICRO, GAS = 4, 2, 2
+STEPS, MICRO, GAS = 4, 4, 2
 TAGS = ["Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/loss_scale"] + [
     f"Train/Samples/elapsed_time_ms_{p}" for p in ("forward", "backward", "backward_inner", "backward_allreduce", "step")]
 
@@ -243,3 +243,55 @@ def test_a_pipelines_instructions_are_traced(tmp_path, capfd):
         assert {"forward", "backward_input", "backward_weight"} <= ops, (rank, ops)
         assert ("send_activation" if rank == 0 else "receive_activation") in ops
     assert "ms: forward" in [line for line in out.splitlines() if line.startswith("[zeroshard] step 3")][0]
+
+
+def _progress_worker(nvme_path, save_dir):
+    """Records every bar drawn: the runtime's NVMe writes at start (its progress channel), the
+    checkpoint load's pieces and the consolidation's bytes, each run to its end."""
+    import io
+
+    import torch
+    import zeroshard
+    from zeroshard.observe import bars
+    from zeroshard.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+    drawn = {}
+    runtime_progress = bars.runtime_progress
+
+    def record_runtime(what, done, total):
+        drawn.setdefault(what, []).append((done, total))
+        runtime_progress(what, done, total)
+
+    class Recording(bars.tqdm):  # drawn into a string (the test has no terminal)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": False, "file": io.StringIO()})
+
+        def close(self):
+            drawn.setdefault(self.desc, []).append((self.n, self.total))
+            super().close()
+
+    bars.runtime_progress, bars.tqdm = record_runtime, Recording
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(3)])  # chunks of whole pages: they leave memory
+    config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "sub_group_size": 300000, "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path},
+                                    "offload_param": {"device": "nvme", "nvme_path": nvme_path, "max_in_cpu": 0}}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    loss = engine(torch.randn(2, 512)).square().mean()
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(save_dir, tag="t")
+    engine.load_checkpoint(save_dir, tag="t")
+    convert_zero_checkpoint_to_fp32_state_dict(save_dir, save_dir + "_fp32", tag="t")
+    return drawn
+
+
+def test_long_work_draws_progress_bars_on_rank_0(tmp_path):
+    nvme, save = tmp_path / "nvme", tmp_path / "ck"
+    nvme.mkdir()
+    drawn = run_distributed(_progress_worker, 1, str(nvme), str(save), timeout=180)[0]
+    for what in ("NVMe: writing the optimizer state", "NVMe: writing the parameter chunks"):
+        steps = drawn.get(what)
+        assert steps and steps[-1][0] == steps[-1][1] >= 1 and [d for d, _ in steps] == list(range(1, len(steps) + 1)), (what, drawn)
+    loads = [v for k, v in drawn.items() if k.startswith("[zeroshard] loading ")]
+    assert loads and loads[0][-1][0] == loads[0][-1][1] > 0, drawn
+    merged = [v for k, v in drawn.items() if k.startswith("[zeroshard] consolidating ")]
+    assert merged and merged[0][-1][0] == merged[0][-1][1] > 0, drawn

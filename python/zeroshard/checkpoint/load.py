@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from zeroshard.observe.bars import bar
+
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
 from zeroshard.checkpoint.pipeline import in_run_names
@@ -107,7 +109,8 @@ def _load_weights(run, source, skip, load_states):
     if load_states and not _has_states(run, source):
         run.core.drop_optimizer_state()  # saved before its first step: so is this run now
         load_states = False
-    for kind, index, begin, values, _ in run.core.shard_entries(load_states):
+    entries = run.core.shard_entries(load_states)
+    for kind, index, begin, values, _ in bar(entries, desc=f"loading {source.path}", unit="piece"):
         name = run.names[index]
         if name in skip or (kind not in ("param", "master") and not load_states):
             continue

@@ -35,6 +35,7 @@ class Observer:
         self._memory_breakdown = bool(config["memory_breakdown"])
         self._in_step = False     # a micro-step of the current step has begun
         self._window_loss = None  # rank 0's loss summed over the step's micro-steps (monitors)
+        self._loss_event = None   # its monitor event, written once the step's window has closed
         self._step_started = None
         self._started_ns = {}     # phase ("forward", "backward", "step", "window") -> its start
 
@@ -57,50 +58,49 @@ class Observer:
             self._phase("window", True)
         return first
 
+    # The trace's phase spans enclose the observer's own bookkeeping: a step's phases add up to it.
     def forward_begin(self):
         first = self._begin_step_if_new()
+        self._phase("forward", True)
         self.flops.begin("forward", self._engine.global_steps, first)
         if self.timers is not None:
             self.timers.start("forward")
-        self._phase("forward", True)
 
     def forward_end(self):
-        self._phase("forward", False)
         if self.timers is not None:
             self.timers.stop("forward")
         self.flops.end("forward")
+        self._phase("forward", False)
 
     def backward_begin(self):
         self._begin_step_if_new()
+        self._phase("backward", True)
         self.flops.begin("backward", self._engine.global_steps, False)
         if self.timers is not None:
             self.timers.start("backward")
-        self._phase("backward", True)
 
     def backward_end(self, loss, scaled_loss, boundary):
         """loss: as the script computed it; scaled_loss: divided by the accumulation steps, whose
         sum over the step is the mean DeepSpeed's monitors report. None for both when backward
         raised: only the phase ends."""
-        self._phase("backward", False)
         if self.timers is not None:
             self.timers.stop("backward")
         self.flops.end("backward")
-        if loss is None:
-            return
-        self.progress.add_loss(loss)
-        if self.monitors.enabled:
-            part = scaled_loss.detach().float()
-            self._window_loss = part if self._window_loss is None else self._window_loss + part
-            if boundary:
-                self.monitors.write([("Train/Samples/train_loss", float(self._window_loss),
-                                      self._engine.global_samples)])
-                self._window_loss = None
+        if loss is not None:
+            self.progress.add_loss(loss)
+            if self.monitors.enabled:
+                part = scaled_loss.detach().float()
+                self._window_loss = part if self._window_loss is None else self._window_loss + part
+                if boundary:
+                    self._loss_event = ("Train/Samples/train_loss", self._window_loss, self._engine.global_samples)
+                    self._window_loss = None
+        self._phase("backward", False)
 
     def step_begin(self):
+        self._phase("step", True)
         self._step_started = time.perf_counter()
         if self.timers is not None:
             self.timers.start("step")
-        self._phase("step", True)
 
     def step_end(self, boundary):
         """After engine.step(): every micro-step's call counts in the step phase (as DeepSpeed's
@@ -108,9 +108,9 @@ class Observer:
         step's reports follow."""
         engine = self._engine
         step_seconds = time.perf_counter() - (self._step_started or time.perf_counter())
-        self._phase("step", False)
         if self.timers is not None:
             self.timers.stop("step")
+        self._phase("step", False)
         if not boundary:
             return
         self._phase("window", False)
@@ -120,6 +120,10 @@ class Observer:
         self._in_step = False
         if self.monitors.enabled:
             events = [("Train/Samples/lr", engine.get_lr()[0], engine.global_samples)]
+            if self._loss_event is not None:
+                tag, loss, samples = self._loss_event
+                events.insert(0, (tag, float(loss), samples))
+                self._loss_event = None
             if engine.fp16_enabled():
                 events.append(("Train/Samples/loss_scale", engine.get_loss_scale(), engine.global_samples))
             if phases is not None:

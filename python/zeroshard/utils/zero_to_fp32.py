@@ -319,45 +319,24 @@ def _human(num_bytes):
 
 
 class Progress:
-    """`[#####.....] 12/40 tensors, 1.2/3.4 GB` on stderr: redrawn in place on a terminal (at most
-    ten times a second), a line per tenth of the work otherwise."""
+    """Tensors written and their bytes, as a tqdm bar on stderr (zeroshard/observe/bars.py: drawn
+    where stderr is a terminal), closed with the time and rate."""
 
-    def __init__(self, total_tensors, total_bytes, enabled=True, stream=None):
-        self.total_tensors, self.total_bytes = total_tensors, total_bytes
-        self.done_tensors = self.done_bytes = 0
-        self.enabled, self.stream = enabled, stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.start = self.last_draw = time.monotonic()
-        self.last_tenth = -1
-
-    def _line(self):
-        frac = self.done_bytes / self.total_bytes if self.total_bytes else 1.0
-        bar = "#" * int(frac * 30)
-        return (f"[{bar:.<30}] {self.done_tensors}/{self.total_tensors} tensors, "
-                f"{_human(self.done_bytes)}/{_human(self.total_bytes)}")
+    def __init__(self, total_tensors, total_bytes, enabled=True):
+        from zeroshard.observe.bars import bar
+        self.total_tensors = total_tensors
+        self.start = time.monotonic()
+        self._bar = bar(total=total_bytes, desc=f"consolidating {total_tensors} tensors", unit="B") if enabled else None
+        if self._bar is not None:
+            self._bar.unit_scale = True
 
     def advance(self, nbytes):
-        self.done_tensors += 1
-        self.done_bytes += nbytes
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if self.tty and now - self.last_draw >= 0.1:
-            self.stream.write("\r" + self._line())
-            self.stream.flush()
-            self.last_draw = now
-        tenth = int(10 * self.done_bytes / self.total_bytes) if self.total_bytes else 10
-        if not self.tty and tenth != self.last_tenth and tenth < 10:  # close() prints the last
-            self.stream.write(self._line() + "\n")
-            self.last_tenth = tenth
+        if self._bar is not None:
+            self._bar.update(nbytes)
 
     def close(self):
-        if not self.enabled:
-            return
-        seconds = time.monotonic() - self.start
-        rate = _human(self.done_bytes / seconds) if seconds > 0 else "-"
-        self.stream.write(("\r" if self.tty else "") + self._line() + f" in {seconds:.1f} s ({rate}/s)\n")
-        self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
 
 
 # ----- the command --------------------------------------------------------------------------------
