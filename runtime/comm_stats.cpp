@@ -36,39 +36,42 @@ CommStats& CommStats::global() {
 void CommStats::configure(CommLoggerOptions options, int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   options_ = std::move(options);
+  enabled_.store(options_.enabled, std::memory_order_relaxed);
   rank_ = rank;
 }
 
 void CommStats::record(const std::string& op, const std::string& what, int64_t bytes,
                        int world_size, double latency_ms) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!options_.enabled) return;
-  if (!options_.prof_all &&
-      std::find(options_.prof_ops.begin(), options_.prof_ops.end(), op) == options_.prof_ops.end())
-    return;
-  const std::string key = options_.debug ? op + "(" + what + ")" : op;
-  CommStatsRow& row = rows_[{key, bytes}];
-  if (row.count == 0) {
-    row.op = key;
-    row.bytes = bytes;
-    row.world_size = world_size;
-    row.min_ms = latency_ms;
-    row.max_ms = latency_ms;
+  char line[256] = "";  // the verbose line, logged once the lock is let go (the sink takes the GIL)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!options_.enabled) return;
+    if (!options_.prof_all &&
+        std::find(options_.prof_ops.begin(), options_.prof_ops.end(), op) == options_.prof_ops.end())
+      return;
+    const std::string key = options_.debug ? op + "(" + what + ")" : op;
+    CommStatsRow& row = rows_[{key, bytes}];
+    if (row.count == 0) {
+      row.op = key;
+      row.bytes = bytes;
+      row.world_size = world_size;
+      row.min_ms = latency_ms;
+      row.max_ms = latency_ms;
+    }
+    row.count += 1;
+    row.total_ms += latency_ms;
+    row.min_ms = std::min(row.min_ms, latency_ms);
+    row.max_ms = std::max(row.max_ms, latency_ms);
+    if (options_.verbose && rank_ == 0) {
+      CommStatsRow one = row;
+      one.count = 1;
+      one.total_ms = latency_ms;
+      std::snprintf(line, sizeof line, "comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
+                    key.c_str(), latency_ms, format_bytes(bytes).c_str(), one.algbw_gbps(),
+                    one.busbw_gbps());
+    }
   }
-  row.count += 1;
-  row.total_ms += latency_ms;
-  row.min_ms = std::min(row.min_ms, latency_ms);
-  row.max_ms = std::max(row.max_ms, latency_ms);
-  if (options_.verbose && rank_ == 0) {
-    CommStatsRow one = row;
-    one.count = 1;
-    one.total_ms = latency_ms;
-    char line[256];
-    std::snprintf(line, sizeof line, "comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
-                  key.c_str(), latency_ms, format_bytes(bytes).c_str(), one.algbw_gbps(),
-                  one.busbw_gbps());
-    info(line);
-  }
+  if (line[0] != '\0') info(line);
 }
 
 std::vector<CommStatsRow> CommStats::rows() const {

@@ -2,6 +2,7 @@
 // many ran, how long each took from issue to completion, and the bandwidth that gives. Comm feeds
 // it as each collective's wait() sees it finish; zeroshard/observe/comms.py prints the table.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -37,7 +38,7 @@ class CommStats {
 
   void configure(CommLoggerOptions options, int rank);
   const CommLoggerOptions& options() const { return options_; }
-  bool enabled() const { return options_.enabled; }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }  // read on every collective
   // op: the kind; what: the caller's description (rows by it with debug).
   void record(const std::string& op, const std::string& what, int64_t bytes, int world_size,
               double latency_ms);
@@ -47,6 +48,7 @@ class CommStats {
  private:
   mutable std::mutex mutex_;
   CommLoggerOptions options_;
+  std::atomic<bool> enabled_{false};  // options_.enabled, readable without the lock
   int rank_ = 0;
   std::map<std::pair<std::string, int64_t>, CommStatsRow> rows_;
 };

@@ -21,8 +21,10 @@ CopyFence CopyStream::copy(at::Tensor dst, const at::Tensor& src) {
   ZS_CHECK(dst.numel() == src.numel() && dst.is_contiguous() && src.is_contiguous(),
            "CopyStream::copy: ", dst.numel(), " and ", src.numel(), " elements, contiguous both");
   // On the host path the copy itself; on a side stream only its issue (the device runs it later).
-  trace::Scope traced("copy", dst.device() == src.device() ? "copy" : (dst.is_cpu() ? "copy down" : "copy up"),
-                      detail::cat("\"bytes\": ", src.nbytes()));
+  trace::Scope traced("copy", [&] {
+    return std::make_pair(std::string(dst.device() == src.device() ? "copy" : (dst.is_cpu() ? "copy down" : "copy up")),
+                          detail::cat("\"bytes\": ", src.nbytes()));
+  });
   if (!side_) {
     dst.view(-1).copy_(src.view(-1));
     return nullptr;

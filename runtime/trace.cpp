@@ -83,14 +83,6 @@ bool timing() { return g_timing.load(std::memory_order_relaxed); }
 void add_blocked_ns(int64_t ns) { t_blocked_ns += ns; }
 int64_t blocked_ns() { return t_blocked_ns; }
 
-Scope::Scope(const char* category, std::string name, std::string args)
-    : category_(category) {
-  if (!on()) return;
-  name_ = std::move(name);
-  args_ = std::move(args);
-  start_ns_ = now_ns();
-}
-
 Scope::~Scope() {
   if (start_ns_ >= 0) span(category_, std::move(name_), start_ns_, now_ns(), std::move(args_));
 }

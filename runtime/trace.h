@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zeroshard::trace {
@@ -48,14 +49,27 @@ int64_t blocked_ns();  // this thread's total since the process started
 void counter(std::string name, std::string args);
 
 // Records a span from construction to destruction when tracing was on at construction.
+// `describe()` returns the span's name, or {name, args}; it runs only then, so a site whose
+// name is built from numbers costs one relaxed atomic load while tracing is off.
 class Scope {
  public:
-  Scope(const char* category, std::string name, std::string args = {});
+  template <class Describe>
+  Scope(const char* category, Describe&& describe) : category_(category) {
+    if (!on()) return;
+    set(describe());
+    start_ns_ = now_ns();
+  }
   ~Scope();
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
 
  private:
+  void set(std::string name) { name_ = std::move(name); }
+  void set(std::pair<std::string, std::string> described) {
+    name_ = std::move(described.first);
+    args_ = std::move(described.second);
+  }
+
   const char* category_;
   std::string name_;
   std::string args_;

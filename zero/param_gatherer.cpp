@@ -85,7 +85,7 @@ void ParamGatherer::attach(const std::vector<at::Tensor>& params) {
 }
 
 void ParamGatherer::fetch_params(const std::vector<int64_t>& indices) {
-  trace::Scope traced("gather", detail::cat("fetch ", indices.size(), " parameter(s)"));
+  trace::Scope traced("gather", [&] { return detail::cat("fetch ", indices.size(), " parameter(s)"); });
   std::vector<int64_t> missing;
   int64_t need = 0;
   for (int64_t i : indices) {
@@ -106,7 +106,7 @@ void ParamGatherer::fetch_params(const std::vector<int64_t>& indices) {
 }
 
 void ParamGatherer::release_params(const std::vector<int64_t>& indices) {
-  trace::Scope traced("gather", detail::cat("release ", indices.size(), " parameter(s)"));
+  trace::Scope traced("gather", [&] { return detail::cat("release ", indices.size(), " parameter(s)"); });
   for (int64_t i : indices) {
     Param& p = params_.at(size_t(i));
     if (p.refs > 0 && --p.refs == 0) unused(p);

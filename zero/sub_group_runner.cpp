@@ -97,8 +97,10 @@ void SubGroupRunner::finish_upload(Upload& u) {
 }
 
 void SubGroupRunner::update_in_place(const Pieces& pieces, const Job& job, const Update& update) {
-  trace::Scope traced("optimizer", detail::cat("update sub-group of group ", job.g, " on the device"),
-                      detail::cat("\"numel\": ", job.sg.numel));
+  trace::Scope traced("optimizer", [&] {
+    return std::make_pair(detail::cat("update sub-group of group ", job.g, " on the device"),
+                          detail::cat("\"numel\": ", job.sg.numel));
+  });
   FlatGroup& group = *groups_[job.g];
   OptimizerShard& shard = *shards_[job.g];
   // One update per gradient piece the sub-group meets: views only, nothing copied, unless the
@@ -136,8 +138,10 @@ void SubGroupRunner::update_in_place(const Pieces& pieces, const Job& job, const
 
 void SubGroupRunner::update_on_host(Staged staged, const Job& job, const Update& update,
                                     std::vector<Upload>& uploads, SwapPipeline* swaps, const at::Tensor& stage) {
-  trace::Scope traced("optimizer", detail::cat("update sub-group of group ", job.g, " on the host"),
-                      detail::cat("\"numel\": ", job.sg.numel));
+  trace::Scope traced("optimizer", [&] {
+    return std::make_pair(detail::cat("update sub-group of group ", job.g, " on the host"),
+                          detail::cat("\"numel\": ", job.sg.numel));
+  });
   FlatGroup& group = *groups_[job.g];
   OptimizerShard& shard = *shards_[job.g];
   const auto t_wait = Clock::now();

@@ -535,6 +535,10 @@ class ZeroShardEngine(torch.nn.Module):
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only, custom_load_fn)
 
+    def _all_ranks_comm(self):
+        """The communicator every rank of the job is in (a pipeline's data axis is only part)."""
+        return self._comm
+
     def comms_summary(self):
         """The comms logger's table so far (comms_logger.enabled), printed on rank 0 and
         returned, as DeepSpeed's deepspeed.comm.log_summary()."""
@@ -545,6 +549,13 @@ class ZeroShardEngine(torch.nn.Module):
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""
         return dict(self._core.memory.bytes())
+
+    def memory_peak_bytes(self):
+        """The most bytes this rank held in each category since the start or reset_memory_peaks()."""
+        return dict(self._core.memory.peak_bytes())
+
+    def reset_memory_peaks(self):
+        self._core.memory.reset_peaks()
 
     def resolved_config(self) -> dict:
         return json.loads(self._config.resolved_json())

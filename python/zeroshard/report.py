@@ -1,9 +1,10 @@
 """zeroshard-report TRACE [--out DIR] [--timeline]: reads a trace that zeroshard wrote (a file, or
 the trace directory: trace_merged.json, else every trace_rank<r>.json in it) and prints, per rank
 and traced step, the step time split by phase (forward, backward, optimizer step), the exposed
-communication (time the rank spent blocked in a collective's wait, against the collectives' total
-time), the largest gathers, and the peak of the model state the runtime accounts with what held
-it; then draws <out>/memory_rank<r>.png (bytes by category over time, the phases below it) and,
+communication (time the rank spent blocked in a collective's wait, against the time any collective
+was in flight), the largest gathers, and the peak of the model state the runtime accounts with
+what held it; then draws <out>/memory_rank<r>.png (device and host bytes by category over time,
+the phases below them) and,
 with --timeline, <out>/timeline.png (every rank's phases, collectives and waits side by side)."""
 import argparse
 import glob
@@ -14,13 +15,17 @@ import sys
 PHASES = ("forward", "backward", "step")
 DEVICE_CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_state",
                      "gathered_parameters", "comm_buffers")
+HOST_CATEGORIES = ("host_parameters", "host_master_weights", "host_optimizer_state", "host_buffers")
 
 
 def load(path):
     """Chrome trace events of every rank in `path` (a file or a trace directory)."""
     if os.path.isdir(path):
         merged = os.path.join(path, "trace_merged.json")
-        files = [merged] if os.path.exists(merged) else sorted(glob.glob(os.path.join(path, "trace_rank*.json")))
+        per_rank = sorted(glob.glob(os.path.join(path, "trace_rank*.json")))
+        # The merged file, unless a rank's file is newer (a later run that wrote no merged file).
+        fresh = os.path.exists(merged) and all(os.path.getmtime(f) <= os.path.getmtime(merged) for f in per_rank)
+        files = [merged] if fresh else per_rank
         if not files:
             raise SystemExit(f"zeroshard-report: {path} holds no trace_merged.json or trace_rank<r>.json")
     else:
@@ -47,6 +52,23 @@ def _within(e, start, end):
     return e["ts"] >= start - 1e-3 and e["ts"] + e.get("dur", 0) <= end + 1e-3
 
 
+def _overlap(e, start, end):
+    """How much of span `e` falls inside [start, end] (a collective may cross a step's edge)."""
+    return max(0.0, min(e["ts"] + e.get("dur", 0), end) - max(e["ts"], start))
+
+
+def _covered(spans, start, end):
+    """How long at least one of `spans` is in flight within [start, end] (their union, not
+    their sum: prefetched collectives overlap one another)."""
+    total, reach = 0.0, start
+    for e in sorted(spans, key=lambda e: e["ts"]):
+        lo, hi = max(e["ts"], reach), min(e["ts"] + e.get("dur", 0), end)
+        if hi > lo:
+            total += hi - lo
+            reach = hi
+    return total
+
+
 def _comm_spans(events):
     """Async collective slices (b/e pairs keyed by id) as {name, ts, dur, args}."""
     begins, spans = {}, []
@@ -71,8 +93,8 @@ def step_summaries(events):
         inside = [e for e in events if e["ph"] == "X" and _within(e, start, end)]
         phases = {p: sum(e["dur"] for e in inside if e.get("cat") == "phase" and e["name"] == p) / 1e3
                   for p in PHASES}
-        exposed = sum(e["dur"] for e in inside if e.get("cat") == "wait") / 1e3
-        total_comm = sum(c["dur"] for c in comm if _within(c, start, end)) / 1e3
+        exposed = sum(_overlap(e, start, end) for e in events if e["ph"] == "X" and e.get("cat") == "wait") / 1e3
+        total_comm = _covered([c for c in comm if _overlap(c, start, end) > 0], start, end) / 1e3
         out.append({"name": s["name"], "step_ms": s["dur"] / 1e3, "phases_ms": phases,
                     "exposed_comm_ms": exposed, "comm_ms": total_comm})
     return out
@@ -102,9 +124,10 @@ def summarize(events, top=5):
             other = s["step_ms"] - sum(phases.values())
             lines.append(f"  {s['name']}: {s['step_ms']:.1f} ms = " +
                          " + ".join(f"{p} {phases[p]:.1f}" for p in PHASES) + f" + other {other:.1f}")
-            share = f" ({100 * s['exposed_comm_ms'] / s['comm_ms']:.0f}% of the collectives' time)" if s["comm_ms"] else ""
-            lines.append(f"    exposed communication {s['exposed_comm_ms']:.1f} ms{share}; collectives in "
-                         f"flight {s['comm_ms']:.1f} ms")
+            share = (f" ({100 * s['exposed_comm_ms'] / s['comm_ms']:.0f}% of the time collectives were in flight)"
+                     if s["comm_ms"] else "")
+            lines.append(f"    exposed communication {s['exposed_comm_ms']:.1f} ms{share}; at least one "
+                         f"collective in flight {s['comm_ms']:.1f} ms")
         gathers = sorted((c for c in _comm_spans(evs) if c["args"].get("op") == "all_gather"),
                          key=lambda c: c["args"].get("bytes", 0), reverse=True)[:top]
         if gathers:
@@ -125,13 +148,24 @@ def plot_memory(events, out_dir):
     for rank, evs in _by_rank(events).items():
         samples = sorted((e for e in evs if e["ph"] == "C" and e["name"] == "model state bytes"),
                          key=lambda e: e["ts"])
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True,
-                                          gridspec_kw={"height_ratios": [3, 1]})
+        process = sorted((e for e in evs if e["ph"] == "C" and e["name"] == "process bytes"), key=lambda e: e["ts"])
+        fig, (top, host, bottom) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
+                                                gridspec_kw={"height_ratios": [3, 2, 1]})
         if samples:
             t = [e["ts"] / 1e3 for e in samples]
             series = [[e["args"].get(c, 0) / 1e6 for e in samples] for c in DEVICE_CATEGORIES]
             top.stackplot(t, series, labels=DEVICE_CATEGORIES, step="post")
+            if process and "torch_allocated" in process[0]["args"]:
+                top.step([e["ts"] / 1e3 for e in process], [e["args"]["torch_allocated"] / 1e6 for e in process],
+                         where="post", color="black", label="torch allocated (activations included)")
             top.legend(loc="upper left", fontsize=8)
+            series = [[e["args"].get(c, 0) / 1e6 for e in samples] for c in HOST_CATEGORIES]
+            host.stackplot(t, series, labels=HOST_CATEGORIES, step="post")
+        if process:
+            host.step([e["ts"] / 1e3 for e in process], [e["args"]["resident"] / 1e6 for e in process],
+                      where="post", color="black", label="process resident (RSS)")
+        host.legend(loc="upper left", fontsize=8)
+        host.set_ylabel("host (MB)")
         top.set_ylabel("model state (MB)")
         top.set_title(f"rank {rank}: memory by category")
         colors = {"forward": "tab:blue", "backward": "tab:orange", "step": "tab:green", "wait": "tab:red"}

@@ -3,6 +3,8 @@
 // (zeroshard/observe/) acts on the reporting blocks, reading their values from the resolved config.
 #include "runtime/config/blocks.h"
 
+#include <algorithm>
+
 namespace zeroshard::config {
 
 namespace {
@@ -109,7 +111,11 @@ void read_flops_profiler(Block& top, Config& c) {
   Block f = top.child("flops_profiler");
   FlopsProfilerConfig& fc = c.flops_profiler;
   fc.enabled = f.get_bool("enabled", fc.enabled);
-  f.get_number("recompute_fwd_factor", 0.0, 0);
+  const double recompute = f.get_number("recompute_fwd_factor", 0.0, 0);
+  if (recompute != 0.0)
+    top.ctx().warn_ignored(f.path_of("recompute_fwd_factor"), recompute,
+                           "zeroshard counts the backward's FLOPs as it runs, recomputed forwards included, "
+                           "instead of estimating them from the forward's");
   fc.profile_step = f.get_int("profile_step", fc.profile_step, 1);
   fc.module_depth = f.get_int("module_depth", fc.module_depth, -1);
   fc.top_modules = f.get_int("top_modules", fc.top_modules, 1);
@@ -163,7 +169,15 @@ void read_trace(Block& top, Config& c) {
     bool ok = steps->is_array();
     if (ok)
       for (const auto& s : *steps) ok = ok && s.is_number_integer() && s.get<int64_t>() >= 1;
-    if (!ok) t.fail("steps", "got " + show_typed(*steps) + ", expected a list of step numbers >= 1 ([] traces every step)");
+    // One window of consecutive steps (zeroshard/observe/trace.py's consecutive() for the env).
+    if (ok) {
+      std::vector<int64_t> sorted = steps->get<std::vector<int64_t>>();
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t i = 1; i < sorted.size(); ++i) ok = ok && sorted[i] == sorted[i - 1] + 1;
+    }
+    if (!ok)
+      t.fail("steps", "got " + show_typed(*steps) +
+                          ", expected consecutive step numbers >= 1 such as [3, 4] ([] traces every step)");
     tc.steps = steps->get<std::vector<int64_t>>();
   }
   t.out()["steps"] = tc.steps;

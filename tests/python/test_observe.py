@@ -122,9 +122,11 @@ def test_a_stage3_run_reports_everything(tmp_path, capfd):
         # Every collective from the trace's start on is in it (the trace-start barrier, which moves
         # no tensor, is the only number it may skip), the flight recorder's among them.
         assert traced[-1] - traced[0] + 1 - len(traced) <= 1, f"rank {rank}: traced {traced}"
-        for seq in (int(m) for m in re.findall(r"#(\d+) \w+\(", r["recent"])):
-            if seq >= traced[0]:
-                assert seq in traced, f"rank {rank}: flight recorder's #{seq} not traced ({traced})"
+        recorded = [int(m) for m in re.findall(r"#(\d+) \w+\(", r["recent"])]
+        compared = [seq for seq in recorded if seq >= traced[0]]
+        assert compared, f"rank {rank}: no flight-recorder collective inside the trace: {r['recent']}"
+        for seq in compared:
+            assert seq in traced, f"rank {rank}: flight recorder's #{seq} not traced ({traced})"
     for rank, evs in enumerate(per_rank):
         crossing = _nested(evs)
         assert crossing is None, f"rank {rank}: spans do not nest: {crossing}"
@@ -226,7 +228,8 @@ def _pipeline_trace_worker(root):
     net = PipelineModule(layers=layer_specs(2, tied=False), num_stages=2, loss_fn=loss_fn)
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 1,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "wall_clock_breakdown": True,
-              "pipeline": {"schedule": "zero_bubble"}, "trace": {"enabled": True, "output_path": root, "steps": [2]}}
+              "pipeline": {"schedule": "zero_bubble"}, "trace": {"enabled": True, "output_path": root, "steps": [3]},
+              "csv_monitor": {"enabled": True, "output_path": root, "job_name": "csv"}}
     engine, _, _, _ = zeroshard.initialize(model=net, config=config, model_parameters=list(net.parameters()))
     for step in range(3):
         engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1, seed=step), 2, 4, 0))
@@ -243,6 +246,45 @@ def test_a_pipelines_instructions_are_traced(tmp_path, capfd):
         assert {"forward", "backward_input", "backward_weight"} <= ops, (rank, ops)
         assert ("send_activation" if rank == 0 else "receive_activation") in ops
     assert "ms: forward" in [line for line in out.splitlines() if line.startswith("[zeroshard] step 3")][0]
+    # The window was the last step: the merged file is written at its end. train_loss goes out
+    # after each step, at the samples seen then (DeepSpeed's pipeline engine).
+    with open(tmp_path / "csv" / "Train_Samples_train_loss.csv") as f:
+        rows = [line.strip().split(",") for line in f][1:]
+    assert [int(step) for step, _ in rows] == [8, 16, 24], rows
+
+
+def _nesting_worker(root):
+    import torch
+    import zeroshard
+    # Containers whose output is their last child's: their backward spans begin at the same node.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(8, 8)))
+    config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "zero_optimization": {"stage": 3}, "trace": {"enabled": True, "output_path": root, "steps": [2]}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for _ in range(2):
+        loss = engine(torch.randn(2, 8)).sum()
+        engine.backward(loss)
+        engine.step()
+
+
+def test_the_backward_spans_of_nested_containers_nest(tmp_path):
+    run_distributed(_nesting_worker, 1, str(tmp_path), timeout=120)
+    with open(tmp_path / "trace_rank0.json") as f:
+        events = json.load(f)["traceEvents"]
+    backward = {e["name"] for e in events if e.get("cat") == "module" and e["name"].startswith("backward ")}
+    assert {"backward Sequential", "backward 1", "backward 1.1"} <= backward, backward
+    assert _nested(events) is None, _nested(events)
+
+
+def test_trace_steps_from_the_environment_are_checked(monkeypatch):
+    from zeroshard.observe.trace import settings
+    monkeypatch.setenv("ZEROSHARD_TRACE", "/tmp/t")
+    for bad in ("0", "3,5", "x"):
+        monkeypatch.setenv("ZEROSHARD_TRACE_STEPS", bad)
+        with pytest.raises(ValueError, match="ZEROSHARD_TRACE_STEPS"):
+            settings({})
+    monkeypatch.setenv("ZEROSHARD_TRACE_STEPS", "4,3")
+    assert settings({})["steps"] == [4, 3]
 
 
 def _progress_worker(nvme_path, save_dir):

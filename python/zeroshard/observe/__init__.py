@@ -30,7 +30,7 @@ class Observer:
         self.monitors = Monitors(config, rank)
         comms.configure(config.get("comms_logger"), rank)
         block = trace_settings.settings(config)
-        self.trace = (Trace(block, engine.module, engine._core.memory, engine._comm, rank, engine.world_size)
+        self.trace = (Trace(block, engine.module, engine._core.memory, engine._all_ranks_comm, rank, engine.world_size)
                       if block.get("enabled") else None)
         self._memory_breakdown = bool(config["memory_breakdown"])
         self._in_step = False     # a micro-step of the current step has begun
@@ -41,10 +41,17 @@ class Observer:
 
     def _phase(self, phase, begin):
         """Marks a phase's start, or records its span in the trace at its end."""
-        now = _C.trace.now_ns()
+        if self.trace is None:
+            return
+        # Resident memory (and torch's allocated on CUDA) at each phase edge, sampled inside the
+        # phase: the phases still add up to the step.
         if begin:
-            self._started_ns[phase] = now
-        elif self.trace is not None and phase in self._started_ns:
+            self._started_ns[phase] = _C.trace.now_ns()
+            self.trace.sample_process()
+            return
+        self.trace.sample_process()
+        now = _C.trace.now_ns()
+        if phase in self._started_ns:
             name = f"step {self._engine.global_steps}" if phase == "window" else phase
             self.trace.record("step" if phase == "window" else "phase", name, self._started_ns.pop(phase), now)
 
@@ -122,7 +129,7 @@ class Observer:
             events = [("Train/Samples/lr", engine.get_lr()[0], engine.global_samples)]
             if self._loss_event is not None:
                 tag, loss, samples = self._loss_event
-                events.insert(0, (tag, float(loss), samples))
+                events.insert(0, (tag, float(loss), engine.global_samples if samples is None else samples))
                 self._loss_event = None
             if engine.fp16_enabled():
                 events.append(("Train/Samples/loss_scale", engine.get_loss_scale(), engine.global_samples))
@@ -136,6 +143,7 @@ class Observer:
             self.progress.memory_breakdown(engine)
         if self.trace is not None:
             self.trace.sample_process()
+            self.trace.step_ends(engine.global_steps)
 
     # ----- pipelines: instructions instead of forward / backward calls -----
     def pipeline_step_begin(self):
@@ -148,10 +156,11 @@ class Observer:
 
     def pipeline_loss(self, loss):
         """train_batch's loss (the mean over the step's micro-batches and data-parallel ranks),
-        before the step."""
+        before the step; its monitor event goes out after the step, at the samples seen then,
+        as DeepSpeed's pipeline engine writes it."""
         self.progress.add_loss(loss)
         if self.monitors.enabled:
-            self.monitors.write([("Train/Samples/train_loss", float(loss), self._engine.global_samples)])
+            self._loss_event = ("Train/Samples/train_loss", loss, None)
 
     def instruction(self, op, micro_batch, chunk, start_ns, end_ns):
         if self.trace is not None:

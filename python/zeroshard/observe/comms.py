@@ -30,7 +30,7 @@ def summary():
     if not _C.comms.enabled():
         return "comms_logger is not enabled (config: \"comms_logger\": {\"enabled\": true})"
     header = (f"{'Comm. Op':<28}{'Message Size':>14}{'Count':>9}{'Total Latency(ms)':>19}"
-              f"{'Avg Latency(ms)':>17}{'tput_avg (Gbps)':>17}{'busbw_avg (Gbps)':>18}")
+              f"{'Avg Latency(ms)':>17}{'algbw_avg (Gbps)':>17}{'busbw_avg (Gbps)':>18}")
     lines = ["comms_logger summary (this rank)", header]
     last_op = None
     for r in rows:

@@ -31,8 +31,17 @@ def settings(config):
         try:
             block["steps"] = [int(s) for s in steps.split(",") if s.strip()]
         except ValueError:
-            raise ValueError(f"ZEROSHARD_TRACE_STEPS: got {steps!r}, expected step numbers such as 3,4")
+            block["steps"] = None
+        if block["steps"] is None or not consecutive(block["steps"]):
+            raise ValueError(f"ZEROSHARD_TRACE_STEPS: got {steps!r}, expected consecutive step numbers >= 1 "
+                             "such as 3,4 (or unset: every step)")
     return block
+
+
+def consecutive(steps):
+    """The trace block's rule for steps (runtime/config/features.cpp checks the config's)."""
+    return all(s >= 1 for s in steps) and sorted(steps) == list(range(min(steps), min(steps) + len(steps))) \
+        if steps else True
 
 
 def _rss_bytes():
@@ -48,6 +57,7 @@ class _ModuleSpans:
     def __init__(self, module, record):
         self._record = record
         self._open = {}  # id(module) -> [(start_ns, first autograd sequence number)]
+        self._node_starts = {}  # id(autograd node) -> (node, [first gradient's time]), this step's
         self._handles = []
         for name, m in module.named_modules():
             label = name or type(module).__name__
@@ -72,21 +82,36 @@ class _ModuleSpans:
         lowest = lowest_nodes_created(outs, first, _C.autograd_sequence_number()) if outs else None
         if not lowest:
             return
-        span = {"start": None, "left": len(lowest)}
-
-        def began(grad_outputs):
-            if span["start"] is None:
-                span["start"] = _C.trace.now_ns()
+        starts = [self._start_of(node) for node in {t.grad_fn for t in outs}]
+        left = [len(lowest)]
 
         def ran(grad_inputs, grad_outputs):
-            span["left"] -= 1
-            if span["left"] == 0 and span["start"] is not None:
-                self._record("module", f"backward {label}", span["start"], _C.trace.now_ns())
+            left[0] -= 1
+            begun = [s[0] for s in starts if s[0] is not None]
+            if left[0] == 0 and begun:
+                self._record("module", f"backward {label}", min(begun), _C.trace.now_ns())
 
-        for node in {t.grad_fn for t in outs}:
-            node.register_prehook(began)
         for node in lowest:
             node.register_hook(ran)
+
+    def _start_of(self, node):
+        """The time the first gradient reached `node`, shared by every module whose output it
+        made (a container returning its last child's output): their backward spans start
+        together and nest."""
+        entry = self._node_starts.get(id(node))
+        if entry is None or entry[0] is not node:
+            cell = [None]
+
+            def began(grad_outputs):
+                if cell[0] is None:
+                    cell[0] = _C.trace.now_ns()
+
+            node.register_prehook(began)
+            entry = self._node_starts[id(node)] = (node, cell)
+        return entry[1]
+
+    def new_step(self):
+        self._node_starts = {}
 
     def remove(self):
         for handle in self._handles:
@@ -105,13 +130,15 @@ def _tensors(value):
 
 
 class Trace:
-    def __init__(self, block, module, memory, comm, rank, world_size):
+    def __init__(self, block, module, memory, all_ranks_comm, rank, world_size):
+        """all_ranks_comm(): the communicator of every rank (the trace's start barrier)."""
         self._dir = block.get("output_path") or "zeroshard_trace"
         self._steps = set(int(s) for s in block.get("steps") or [])
         self._max_events = int(block.get("max_events") or 2_000_000)
-        self._module, self._memory, self._comm = module, memory, comm
+        self._module, self._memory, self._comm = module, memory, all_ranks_comm
         self._rank, self._world = rank, world_size
         self._events = []  # this side's: (phase, category, name, start_ns, duration_ns, track, args)
+        self._dropped = 0  # this side's events over max_events
         self._spans = None
         self._t0 = None
         self._done = False
@@ -123,7 +150,14 @@ class Trace:
 
     def record(self, category, name, start_ns, end_ns, args=""):
         if self._spans is not None:
-            self._events.append(("X", category, name, start_ns, end_ns - start_ns, _C.trace.track(), args))
+            self._keep(("X", category, name, start_ns, end_ns - start_ns, _C.trace.track(), args))
+
+    def _keep(self, event):
+        # This side's events count against max_events with the runtime's.
+        if len(self._events) < self._max_events:
+            self._events.append(event)
+        else:
+            self._dropped += 1
 
     # ----- the traced window -----
     def step_begins(self, step):
@@ -133,21 +167,28 @@ class Trace:
             self._start()
         elif not wanted and self.recording:
             self._finish(merge=True)
+        if self.recording:
+            self._spans.new_step()
+
+    def step_ends(self, step):
+        """After step `step`: the last listed step writes the trace at once."""
+        if self.recording and self._steps and step >= max(self._steps):
+            self._finish(merge=True)
 
     def _start(self):
-        self._comm.barrier("trace start")  # every rank's clock starts at the same moment
+        self._comm().barrier("trace start")  # every rank's clock starts at the same moment
         self._t0 = _C.trace.now_ns()
-        self._events = []
+        self._events, self._dropped = [], 0
         _C.trace.start(self._max_events)
         self._memory.trace_sample()
         self._spans = _ModuleSpans(self._module, self.record)
 
     def sample_process(self):
         if self.recording:
-            self._events.append(("C", "memory", "process bytes", _C.trace.now_ns(), 0, _C.trace.track(),
-                                 f'"resident": {_rss_bytes()}' + (
-                                     f', "torch_allocated": {torch.cuda.memory_allocated()}'
-                                     if torch.cuda.is_available() else "")))
+            self._keep(("C", "memory", "process bytes", _C.trace.now_ns(), 0, _C.trace.track(),
+                        f'"resident": {_rss_bytes()}' + (
+                            f', "torch_allocated": {torch.cuda.memory_allocated()}'
+                            if torch.cuda.is_available() else "")))
 
     def _finish(self, merge):
         self._spans.remove()
@@ -156,7 +197,7 @@ class Trace:
         events = sorted(_C.trace.drain() + self._events, key=lambda e: e[3])
         self._events = []
         self._done = True
-        dropped = _C.trace.dropped()
+        dropped = _C.trace.dropped() + self._dropped
         os.makedirs(self._dir, exist_ok=True)
         mine = to_chrome(events, self._rank, self._t0)
         path = os.path.join(self._dir, f"trace_rank{self._rank}.json")
@@ -194,8 +235,8 @@ def _write(path, obj):
 
 def to_chrome(events, rank, t0_ns):
     """Chrome trace events of one rank: process `rank`, timestamps in µs from t0_ns. Collectives
-    overlap each other and the compute, so they are async slices (b/e) keyed by their sequence
-    number; everything else a complete slice (X) on its thread's track, or a counter (C)."""
+    and disk requests overlap each other and the compute, so they are async slices (b/e);
+    everything else a complete slice (X) on its thread's track, or a counter (C)."""
     out = [{"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}},
            {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}]
     tracks = set()
@@ -206,8 +247,10 @@ def to_chrome(events, rank, t0_ns):
         if phase == "C":
             out.append({"ph": "C", "name": name, "cat": category, "pid": rank, "tid": track, "ts": ts,
                         "args": fields})
-        elif category == "comm":
-            common = {"name": name, "cat": "comm", "pid": rank, "tid": track, "id": fields.get("seq", 0)}
+        elif category in ("comm", "io"):
+            # A collective is keyed by its group and number; a disk request by its place here.
+            key = f"{fields.get('group', '')}:{fields['seq']}" if category == "comm" else f"io:{len(out)}"
+            common = {"name": name, "cat": category, "pid": rank, "tid": track, "id": key}
             out.append({**common, "ph": "b", "ts": ts, "args": fields})
             out.append({**common, "ph": "e", "ts": ts + duration_ns / 1e3})
         else:

@@ -422,6 +422,12 @@ TEST_CASE("reporting keys are read without a note; deprecated keys get one warni
   CHECK(c.wall_clock_breakdown);
   CHECK(c.memory_breakdown);
   CHECK(c.flops_profiler.enabled);
+  // The backward's FLOPs are counted, not estimated: a recomputation factor is said to be unused.
+  Config f = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "flops_profiler": {"enabled": true, "recompute_fwd_factor": 1.0}})", "x");
+  REQUIRE(f.notes.size() == 1);
+  CHECK_THAT(f.notes[0], Catch::Contains("flops_profiler.recompute_fwd_factor: got 1,") &&
+                             Catch::Contains("recomputed forwards included"));
   // DeepSpeed's names for the same collectives are taken as zeroshard's.
   CHECK(c.comms_logger.prof_ops == std::vector<std::string>{"all_reduce", "all_gather"});
   CHECK(c.zero_optimization.offload_optimizer.device == "cpu");
@@ -453,6 +459,7 @@ TEST_CASE("trace block and comms_logger.prof_ops: values and their errors") {
     return std::string();
   };
   CHECK_THAT(err(R"({"trace": {"steps": [0]}})"), Catch::Contains("trace.steps") && Catch::Contains(">= 1"));
+  CHECK_THAT(err(R"({"trace": {"steps": [3, 5]}})"), Catch::Contains("trace.steps") && Catch::Contains("consecutive"));
   CHECK_THAT(err(R"({"trace": {"step": [1]}})"), Catch::Contains("trace: unknown key \"step\"") && Catch::Contains("\"steps\""));
   CHECK_THAT(err(R"({"comms_logger": {"prof_ops": ["allgather"]}})"),
              Catch::Contains("comms_logger.prof_ops") && Catch::Contains("\"allgather\"") &&

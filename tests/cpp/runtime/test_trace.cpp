@@ -13,10 +13,15 @@ TEST_CASE("nothing is recorded while the trace is off, and a scope begun while o
   trace::drain();
   trace::span("comm", "off", 1, 2);
   trace::counter("x", "\"a\": 1");
+  bool described = false;
   {
-    trace::Scope scope("gather", "begun while off");
+    trace::Scope scope("gather", [&] {
+      described = true;
+      return std::string("begun while off");
+    });
     trace::start(10);
   }
+  CHECK_FALSE(described);  // off, the name is never built
   CHECK(trace::drain().empty());
   trace::stop();
 }
@@ -24,7 +29,7 @@ TEST_CASE("nothing is recorded while the trace is off, and a scope begun while o
 TEST_CASE("spans, scopes and counters are kept in order up to max_events; the rest are counted") {
   trace::start(3);
   trace::span("comm", "first", 10, 25, "\"seq\": 1");
-  { trace::Scope scope("gather", "second"); }
+  { trace::Scope scope("gather", [] { return std::string("second"); }); }
   trace::counter("model state bytes", "\"parameters\": 4");
   trace::span("comm", "dropped", 30, 40);
   trace::span("comm", "dropped too", 40, 50);
