@@ -71,7 +71,8 @@ void CommWork::record_finished(int64_t wait_start_ns) const {
                              double(end_ns - op_.issued_ns) / 1e6);
   if (!trace::on()) return;
   const std::string args = detail::cat("\"seq\": ", seq_, ", \"op\": \"", op_.kind, "\", \"bytes\": ",
-                                       op_.bytes, ", \"group_size\": ", op_.world_size);
+                                       op_.bytes, ", \"group\": \"", op_.group, "\", \"group_size\": ",
+                                       op_.world_size);
   trace::span("comm", what_, op_.issued_ns, end_ns, args);
   // The part of it this thread spent blocked: exposed communication, what overlap did not hide.
   trace::span("wait", detail::cat("wait #", seq_, " ", op_.kind), wait_start_ns, end_ns, args);
@@ -94,7 +95,7 @@ void CommWork::wait_for_backend(c10::intrusive_ptr<c10d::Work> work) {
   // store) ends this wait too, instead of each rank discovering it at its own timeout. Not for
   // Gloo's send/recv: their wait(timeout) gives up the receive when it expires, so the monitor's
   // watcher thread aborts them instead.
-  const bool poll = monitor_->has_store() && !point_to_point_;
+  const bool poll = monitor_->can_poll_abort() && !point_to_point_;
   const auto watched = point_to_point_ ? monitor_->watch_blocking(work) : nullptr;
   const auto deadline = Clock::now() + timeout;
   while (true) {
@@ -136,6 +137,11 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, milliseconds timeout,
   rank_ = group_->getRank();
   world_size_ = group_->getSize();
   backend_ = group_->getBackendName();
+  try {
+    group_name_ = group_->getGroupName();
+  } catch (const std::exception&) {
+    // A group built without torch.distributed's registry (tests' in-process world) has no name.
+  }
   monitor_ = std::make_shared<CommMonitor>(std::move(store), rank_, world_size_, timeout,
                                            check_agreement);
 }
@@ -158,6 +164,7 @@ CommOp Comm::op_of(const char* kind, const at::Tensor& tensor, const std::string
   op.what = what;
   op.bytes = static_cast<int64_t>(tensor.nbytes());
   op.world_size = world_size_;
+  op.group = group_name_;
   op.issued_ns = trace::now_ns();
   return op;
 }

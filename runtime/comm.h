@@ -25,6 +25,7 @@ struct CommOp {
   std::string what;
   int64_t bytes = 0;
   int world_size = 1;
+  std::string group;  // the process group's name ("" when it has none)
   int64_t issued_ns = 0;
 };
 
@@ -95,6 +96,9 @@ class Comm {
   CommWork send(at::Tensor tensor, int dst_rank, int tag, const std::string& what);
   CommWork recv(at::Tensor tensor, int src_rank, int tag, const std::string& what);
   void barrier(const std::string& what);
+  // A communicator without a store (a sub-group's) ends its blocked collectives when `world`
+  // (which has one) sees another rank's failure, instead of waiting for the peer's exit.
+  void follow_aborts_of(const Comm& world) { monitor_->set_abort_source(world.monitor_); }
   // A failure outside any collective (a pipeline stage's forward raised): numbered and published
   // like a failed collective, so that the other ranks' errors name it, then thrown as CommError
   // naming every rank's state. cause: the original error's text.
@@ -116,6 +120,7 @@ class Comm {
   std::shared_ptr<CommMonitor> monitor_;
   int rank_;
   int world_size_;
+  std::string group_name_;  // the process group's name, for the trace
   std::string backend_;
   uint64_t seq_ = 0;
 };

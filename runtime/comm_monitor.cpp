@@ -115,7 +115,7 @@ std::unique_ptr<WaitWatcher::Watch> CommMonitor::watch_blocking(c10::intrusive_p
 }
 
 bool CommMonitor::abort_requested() {
-  if (!store_) return false;
+  if (!store_) return abort_source_ && abort_source_->abort_requested();
   try {
     return store_->check({key("abort", -1)});
   } catch (const std::exception&) {
@@ -214,6 +214,7 @@ std::string CommMonitor::failure_message(uint64_t seq, const std::string& descri
   if (!store_) {
     ranks_text = detail::cat("rank ", rank_, " is in #", seq, " ", description,
                              " (the other ranks are unknown: this communicator has no store)");
+    if (kind == CommFailure::aborted) headline += " because a rank failed (the world communicator's store says so)";
   } else {
     std::vector<PeerState> peers(world_size_);
     try {

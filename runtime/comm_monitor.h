@@ -45,8 +45,14 @@ class CommMonitor {
   void starting(uint64_t seq, const std::string& description, bool whole_group);
   void finished(uint64_t seq) { recorder_.finished(seq, true); }
 
-  // One store look-up: has another rank failed? Polled while a collective is in flight.
+  // One store look-up: has another rank failed? Polled while a collective is in flight. A
+  // monitor without a store asks its abort source (set_abort_source), when it has one.
   bool abort_requested();
+  // Whether abort_requested() can ever be true: a store, or an abort source.
+  bool can_poll_abort() const { return store_ || abort_source_; }
+  // A sub-group's communicator, which has no store, learns of a failure through the world's:
+  // its blocked collectives end when `source` (the world communicator's monitor) sees an abort.
+  void set_abort_source(std::shared_ptr<CommMonitor> source) { abort_source_ = std::move(source); }
   // While the returned object lives, `work` (a blocking point-to-point wait, which cannot poll)
   // is aborted when another rank fails; null without a store.
   std::unique_ptr<WaitWatcher::Watch> watch_blocking(c10::intrusive_ptr<c10d::Work> work);
@@ -73,6 +79,7 @@ class CommMonitor {
                      bool poll_abort);
 
   c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<CommMonitor> abort_source_;  // without a store: whose aborts end this one's waits
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;

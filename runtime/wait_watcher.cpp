@@ -57,7 +57,7 @@ void WaitWatcher::run() {
     }
     lock.lock();
     if (failed) {
-      // abort() makes each blocked wait() throw; the waiting thread then reports "aborted".
+      // abort() ends each blocked wait() (Gloo's may return as if it finished: the waiter asks aborted()).
       for (Entry& e : watched_) {
         if (!e.aborted) e.work->abort();
         e.aborted = true;

@@ -212,7 +212,8 @@ void bind_runtime(py::module_& m) {
       .def("fail_here", &Comm::fail_here, py::arg("what"), py::arg("cause"),
            py::call_guard<py::gil_scoped_release>())
       .def("barrier", &Comm::barrier, py::arg("what") = "python",
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("follow_aborts_of", &Comm::follow_aborts_of, py::arg("world"));
 
   // runtime/log.h's warnings and information go to zeroshard.log's runtime_warning and
   // runtime_info, kept for the life of the process: the C++ side may speak from any thread.

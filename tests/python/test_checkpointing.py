@@ -52,18 +52,27 @@ def test_checkpoint_recomputes_and_matches():
 
 
 def test_cpu_checkpointing_from_the_config_keeps_inputs_on_the_host(monkeypatch):
-    entered = []
+    entered, packed = [], []
     real = torch.autograd.graph.save_on_cpu
 
     def spy(*args, **kwargs):
         entered.append(kwargs)
-        return real(*args, **kwargs)
+        hooks = real(*args, **kwargs)
+        pack = hooks.pack_hook
+
+        def recording(tensor):  # what the hooks move to the host: the checkpoint's saved input
+            packed.append(tuple(tensor.shape))
+            return pack(tensor)
+
+        hooks.pack_hook = recording
+        return hooks
 
     monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", spy)
     checkpointing.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpointing": True}})
     assert checkpointing.is_configured()
     _, gx, _, _ = _grads(True)
     assert len(entered) == 1 and gx is not None
+    assert (4, 8) in packed, packed  # the input x went through save_on_cpu's pack hook
     checkpointing.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpointing": True}},
                             checkpoint_in_cpu=False)  # the argument wins over the config
     _grads(True)

@@ -28,8 +28,9 @@ def _engine(stages, gas=GAS, extra=None, layers=None, **module_kwargs):
     return engine
 
 
-def _raising_stage(fail_layer, fail_call):
+def _raising_stage(fail_layer, fail_call, fail_rank):
     import torch
+    import torch.distributed as dist
     from pipe_models import D_MODEL, batches, layer_specs, rank_micro_batches
     from zeroshard.pipe import LayerSpec
 
@@ -38,14 +39,15 @@ def _raising_stage(fail_layer, fail_call):
 
         def forward(self, x):
             Fails.calls += 1
-            if Fails.calls - 1 == fail_call:
+            if Fails.calls - 1 == fail_call and dist.get_rank() == fail_rank:
                 raise ValueError("the layer's own error")
             return x
 
     layers = layer_specs(2, tied=False)
     layers.insert(fail_layer, LayerSpec(Fails))
     engine = _engine(2, layers=layers, partition_method="uniform")
-    it = rank_micro_batches(batches(2, MICRO, GAS, 1), MICRO, GAS, 0)
+    dp = engine.dp_world_size
+    it = rank_micro_batches(batches(2, MICRO, GAS, dp), MICRO, GAS, engine.global_rank % dp)
     t0 = time.monotonic()
     try:
         engine.train_batch(it)
@@ -56,22 +58,30 @@ def _raising_stage(fail_layer, fail_call):
     return {"type": None, "text": "", "seconds": time.monotonic() - t0}
 
 
-@pytest.mark.parametrize("fail_layer,stage", [(5, 1), (1, 0)], ids=["last_stage", "first_stage"])
-def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage):
+@pytest.mark.parametrize("fail_layer,stage,world", [(5, 1, 2), (1, 0, 2), (1, 0, 4)],
+                         ids=["last_stage", "first_stage", "first_stage_2x2"])
+def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage, world):
     # layers: Embed, Block, Block, FinalNorm, Linear + Fails at fail_layer: 6 layers, 3 per stage.
-    results = run_distributed(_raising_stage, 2, fail_layer, 2, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
-    raiser = results[stage]
+    # At 2 stages x 2 data, only data index 0 of the stage raises: its replica finishes the list
+    # and meets the failure in the data-parallel reduction, a sub-group collective.
+    dp = world // 2
+    fail_rank = stage * dp
+    results = run_distributed(_raising_stage, world, fail_layer, 2, fail_rank, timeout=120,
+                              env={"ZEROSHARD_TIMEOUT": "1"})
+    raiser = results[fail_rank]
     assert raiser["type"] == "ValueError", raiser
     assert "the layer's own error" in raiser["text"]
     assert f"pipeline stage {stage} forward of micro-batch 2" in raiser["text"], raiser["text"]
-    other = results[1 - stage]
-    assert other["type"] == "CommError", other
-    # The other rank's error names the failing stage and micro-batch, also when the failing rank
-    # is rank 0, whose process holds the store (its report is read before it exits), and the
-    # other rank is blocked in a point-to-point wait (the watcher ends it); never a hang: well
-    # within the collective timeout (60 s here).
-    assert other["seconds"] < 30, other
-    assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], other["text"]
+    for rank, other in enumerate(results):
+        if rank == fail_rank:
+            continue
+        assert other["type"] == "CommError", (rank, other)
+        # Every other rank's error names the failing stage and micro-batch, also when the failing
+        # rank is rank 0, whose process holds the store (its report is read before it exits), and
+        # the other rank is blocked in a point-to-point wait (the watcher ends it) or a
+        # data-parallel collective; never a hang: well within the collective timeout (60 s here).
+        assert other["seconds"] < 30, (rank, other)
+        assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], (rank, other["text"])
 
 
 def _raising_backward(schedule, virtual):
@@ -149,6 +159,7 @@ def test_a_boundary_shape_that_changes_is_named():
     assert "output of stage 0 for micro-batch 2 is (float32[2, 7, 16])" in sender["text"], sender["text"]
     assert "micro-batch 0 agreed (float32[2, 8, 16])" in sender["text"], sender["text"]
     assert results[1]["type"] == "CommError", results[1]
+    assert "stage 0" in results[1]["text"] and "micro-batch 2" in results[1]["text"], results[1]["text"]
 
 
 def _config_errors():
@@ -198,7 +209,8 @@ def test_configuration_errors_name_the_key():
     assert "matches no layer; the layers' types are" in out["regex"]
     assert "3 layers cannot fill 4 stages" in out["too_few_layers"]
     assert "num_stages 3 must divide the world size 2" in out["not_dividing"]
-    assert "gradient_accumulation_steps: got 3; the interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
+    assert "gradient_accumulation_steps: got 3" in out["interleave_gas"], out["interleave_gas"]
+    assert "expected a multiple of num_stages (2) for schedule interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
     assert "virtual_stages 2 with one pipeline stage" in out["one_stage_virtual"]
     assert "pipeline.partition: got 'uniform', but the PipelineModule was built with partition_method='parameters'" in out["partition_key"]
     for name in ("forward", "backward", "step"):

@@ -218,10 +218,10 @@ def _call_sites_worker():
     init_distributed()
     rank = dist.get_rank()
     topo = PipeDataParallelTopology(num_pp=2, num_dp=2)
-    # zeroshard's earlier (topology, global_rank), as PipelineModule calls it; DeepSpeed's
-    # keywords; the world, and a group of every rank as DeepSpeed's PipelineModule passes it.
+    # DeepSpeed's keywords; the world, and a group of every rank as DeepSpeed's PipelineModule
+    # passes it.
     everyone = dist.new_group(list(range(4)))
-    for grid in (PipelineParallelGrid(topo, rank), PipelineParallelGrid(topology=topo, process_group=None),
+    for grid in (PipelineParallelGrid(topo), PipelineParallelGrid(topology=topo, process_group=None),
                  PipelineParallelGrid(topo, dist.group.WORLD),
                  PipelineParallelGrid(process_group=everyone, topology=topo)):
         assert (grid.stage_id, grid.data_parallel_id) == (rank // 2, rank % 2)
@@ -242,7 +242,7 @@ def _call_sites_worker():
 def test_grid_call_sites_and_errors():
     for rank, errors in enumerate(run_distributed(_call_sites_worker, 4)):
         wrong_rank, subgroup, small, axes = errors
-        assert wrong_rank == f"PipelineParallelGrid: global rank {(rank + 1) % 4} given, but this process is rank {rank}"
+        assert wrong_rank == f"PipelineParallelGrid: process_group must be a torch.distributed group, got int {(rank + 1) % 4}"
         assert subgroup.startswith("PipelineParallelGrid: process_group " +
                                    ("holds 2 of the world's 4 ranks" if rank < 2 else "does not hold this rank"))
         assert "holds 2 ranks, the world has 4" in small

@@ -2,12 +2,14 @@
 pipeline stage's layers, driven by train_batch/eval_batch instead of forward/backward/step. Each
 step runs the rank's instruction list from C++ (_C.pipeline.build: gpipe, 1f1b,
 interleaved_1f1b or zero_bubble, checked deadlock-free before it runs) through TrainStep."""
+import contextlib
+
 import torch
 
 from zeroshard import _C
 from zeroshard.comm import new_comm
 from zeroshard.engine import ZeroShardEngine
-from zeroshard.log import log_rank0
+from zeroshard.log import log_rank0, note_rank0
 from zeroshard.pipe import PipelineError
 from zeroshard.pipe.executor import TrainStep
 from zeroshard.pipe.p2p import StageLinks
@@ -25,8 +27,12 @@ class PipelineEngine(ZeroShardEngine):
         settings = self._settings["pipeline"]
         self._check_pipeline_config(settings)
         self._schedule = settings["schedule"]
-        lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
-                                          self.module.virtual_stages)
+        try:
+            lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
+                                              self.module.virtual_stages)
+        except ValueError as error:  # the schedule's own rule (pipeline/schedule.cpp), in config terms
+            raise ValueError(f"gradient_accumulation_steps: got {self._gas}, the schedule's micro-batches "
+                             f"({self._schedule}): {error}") from None
         self._instructions = lists[self.module.stage_id]
         self._schedule_report = report
         # Point-to-point goes over the world (global ranks), whose communicator has the store:
@@ -37,6 +43,12 @@ class PipelineEngine(ZeroShardEngine):
         self._pipe_comm = new_comm(self._grid.get_pipe_parallel_group()) if self.module.num_stages > 1 else None
         if self._pipe_comm is not None:
             self._core.set_model_parallel(self._pipe_comm)
+            # The sub-groups' communicators have no store: a failure published in the world's
+            # ends their blocked collectives too (a replica waiting in the data-parallel
+            # reduction for a rank whose stage raised).
+            subgroups = [self._comm, self._pipe_comm] + [c for _, _, c in self.module.tied_groups() if c is not None]
+            for comm in subgroups:
+                comm.follow_aborts_of(self._world_comm)
         # (op, micro-batch, chunk, start, end) per instruction of each train_batch, on the
         # monotonic clock every process shares, when a benchmark sets it to a list.
         self._timeline = None
@@ -56,6 +68,9 @@ class PipelineEngine(ZeroShardEngine):
                   self.global_rank)
 
     # ----- the axes (ZeroShardEngine's set-up calls these) -----
+    def _all_ranks_comm(self):
+        return self._world_comm
+
     def _data_parallel_size(self, mpu):
         stage = _C.engine_settings(self._config)["stage"]
         if stage > 1:
@@ -102,10 +117,9 @@ class PipelineEngine(ZeroShardEngine):
             raise ValueError(f"pipeline.virtual_stages: got {settings['virtual_stages']}, the "
                              f"PipelineModule was built with virtual_stages="
                              f"{self.module.virtual_stages}; pass the same to both")
-        if settings["schedule"] == "interleaved_1f1b" and self._gas % self.module.num_stages:
-            raise ValueError(f"gradient_accumulation_steps: got {self._gas}; the interleaved_1f1b "
-                             "schedule takes micro-batches through the chunks in groups of "
-                             f"num_stages, so it must be a multiple of {self.module.num_stages}")
+        if self.config["flops_profiler"]["enabled"]:
+            note_rank0("warning: flops_profiler.enabled: a PipelineEngine's instructions are not counted: "
+                       "no profile is printed and the progress line shows no TFLOPS", self.global_rank)
 
     # ----- what DeepSpeed's pipeline engine refuses -----
     def forward(self, *args, **kwargs):
@@ -217,6 +231,22 @@ class PipelineEngine(ZeroShardEngine):
         except _C.CommError as report:
             error.add_note(f"[zeroshard] {report}")
 
+    def _name_comm_failure(self, error, what):
+        """The data-parallel, tie and pipe communicators have no store: when one of their
+        collectives fails (a peer's process ended after its stage raised), the world's store
+        names who failed first, in a note on the error. A failed send or receive (the world's)
+        names it already."""
+        if "pipeline stage" not in str(error):
+            self._report_stage_failure(error, what)
+
+    @contextlib.contextmanager
+    def _named_by_world(self, what):
+        try:
+            yield
+        except _C.CommError as error:
+            self._name_comm_failure(error, f"pipeline stage {self.module.stage_id} {what}")
+            raise
+
     # ----- training -----
     def train_batch(self, data_iter=None):
         """Runs gradient_accumulation_steps micro-batches through the schedule and steps; returns
@@ -231,9 +261,10 @@ class PipelineEngine(ZeroShardEngine):
         self._observer.pipeline_step_begin()
         run = TrainStep(self, self.data_iterator if self._needs_data() else None)
         run.run(self._instructions)
-        loss = self._share_loss(run.losses)
-        self._observer.pipeline_loss(loss)
-        self._step_after_schedule()
+        with self._named_by_world("loss all-reduce and optimizer step"):
+            loss = self._share_loss(run.losses)
+            self._observer.pipeline_loss(loss)
+            self._step_after_schedule()
         return loss
 
     def _step_after_schedule(self):

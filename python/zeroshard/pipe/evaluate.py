@@ -1,8 +1,11 @@
 """PipelineEngine.eval_batch: forward only. Micro-batch after micro-batch, each through every
 model chunk in order; with no backward to interleave there is nothing to schedule, and the
 chain of sends and receives cannot deadlock (each receive waits only on an earlier stage)."""
+import contextlib
+
 import torch
 
+from zeroshard import _C
 from zeroshard.pipe.p2p import as_tuple
 
 
@@ -21,25 +24,27 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     results, logits = [], None
     try:
         for mb in range(micro_batches):
-            batch = engine._next_micro_batch(data_iter, mb) if engine._needs_data() else None
+            batch = None
             for chunk in range(module.virtual_stages):
                 stage = module.global_stage(chunk)
+                what = f"pipeline stage {stage} forward (eval) of micro-batch {mb}"
+                if stage == 0 or stage == last:
+                    with _reported(engine, what):
+                        if batch is None and engine._needs_data():
+                            batch = engine._next_micro_batch(data_iter, mb)
                 if stage == 0:
                     x = batch[0]
                 else:
                     received = engine._links.receive("activation", stage, mb, engine._grid.stage_to_global((stage - 1) % p))
                     x = received[0] if len(received) == 1 else received
-                try:
+                with _reported(engine, what):
                     out = module(x, chunk=chunk)
                     if stage == last:
                         logits = out
                         results.append(engine._loss_of(out, batch[1], mb) if compute_loss else out)
-                except BaseException as error:
-                    engine._report_stage_failure(error, f"pipeline stage {stage} forward (eval) of micro-batch {mb}")
-                    raise
-                if stage != last:
-                    engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
-                                       engine._grid.stage_to_global((stage + 1) % p))
+                    else:
+                        engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
+                                           engine._grid.stage_to_global((stage + 1) % p))
         engine._links.finish()  # the sends are done before the outputs' tensors may be reused
     finally:
         module.train(was_training)
@@ -57,10 +62,25 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
         # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
         if compute_loss and bcast_loss and engine._pipe_comm is not None:
             value = float(output) if holds_last else 0.0
-            output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0])
+            output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0],
+                                  dtype=torch.float32, device=engine.device)  # as DeepSpeed: on the device
     if return_logits:
         return output, (logits if holds_last else None)
     return output
+
+
+@contextlib.contextmanager
+def _reported(engine, what):
+    """An error of this rank's own is published in the world's store, so every other rank's error
+    names it; a failed sub-group collective gets the world's report (engine._name_comm_failure)."""
+    try:
+        yield
+    except _C.CommError as error:
+        engine._name_comm_failure(error, what)
+        raise
+    except BaseException as error:
+        engine._report_stage_failure(error, what)
+        raise
 
 
 def _mean(results):

@@ -70,8 +70,9 @@ class TrainStep:
         stage = self.module.global_stage(chunk)
         try:
             yield
-        except _C.CommError:
-            raise  # a failed send or receive names every rank already
+        except _C.CommError as error:
+            self.engine._name_comm_failure(error, f"pipeline stage {stage} {op} of micro-batch {mb}")
+            raise
         except BaseException as error:
             self.engine._report_stage_failure(error, f"pipeline stage {stage} {op} of micro-batch {mb}")
             raise
@@ -210,6 +211,10 @@ class TrainStep:
 
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):
+        with self.engine._named_by_world("reduce_tied"):
+            self._reduce_tied()
+
+    def _reduce_tied(self):
         for key, stages, comm in self.module.tied_groups():
             for attr, weight in self.module.trained_tied_weights(key):
                 if weight.grad is None:
@@ -221,8 +226,9 @@ class TrainStep:
 
     def reduce_data_parallel(self, mb, chunk, peer):
         # An empty boundary backward: the reducer reduces every bucket (stages 0 and 1).
-        self.core.before_backward(True)
-        self.core.after_backward(True)
+        with self.engine._named_by_world("reduce_data_parallel"):
+            self.core.before_backward(True)
+            self.core.after_backward(True)
 
 
 _COMPUTE = ("forward", "backward", "backward_input", "backward_weight")

@@ -33,6 +33,33 @@ def _trainable_count(layer):
     return sum(p.numel() for p in layer.parameters() if p.requires_grad)
 
 
+def partition_layers(layers, parts, method="parameters", counts=None):
+    """Boundaries of `parts` contiguous stages over `layers` (stage s holds layers
+    [bounds[s], bounds[s + 1])) by partition_method: "parameters" weighs each layer by its
+    trainable parameters (`counts`, counted here when None), "uniform" by one, "type:<regex>" by
+    whether its type matches. PipelineModule and the memory planner both split with it."""
+    n = len(layers)
+    lowered = method.lower() if isinstance(method, str) else method
+    if lowered == "uniform":
+        return list(_C.pipeline.partition_uniform(n, parts))
+    if lowered == "parameters":
+        weights = [float(c) for c in (counts if counts is not None else map(_trainable_count, layers))]
+    elif isinstance(lowered, str) and lowered.startswith("type:"):
+        pattern = method.split(":", 1)[1]
+        try:
+            regex = re.compile(pattern, re.IGNORECASE)
+        except re.error as error:
+            raise ValueError(f"PipelineModule: partition_method {method!r}: bad regex: {error}")
+        weights = [1.0 if regex.search(_layer_name(layer)) else 0.0 for layer in layers]
+        if sum(weights) == 0:
+            names = sorted({_layer_name(layer) for layer in layers})
+            raise ValueError(f"PipelineModule: partition_method {method!r} matches no layer; "
+                             f"the layers' types are {names}")
+    else:
+        raise ValueError(f"PipelineModule: partition_method {method!r}, expected {PARTITION_METHODS}")
+    return list(_C.pipeline.partition_balanced(weights, parts))
+
+
 def _exec_range(funcs):
     def run(*inputs):
         x = inputs[0] if len(inputs) == 1 else inputs
@@ -46,7 +73,7 @@ class PipelineModule(torch.nn.Module):
     def __init__(self, layers, num_stages=None, topology=None, loss_fn=None, seed_layers=False,
                  seed_fn=None, base_seed=1234, partition_method="parameters",
                  activation_checkpoint_interval=0, activation_checkpoint_func=None,
-                 checkpointable_layers=None, virtual_stages=1, dynamic_shape=False):
+                 checkpointable_layers=None, dynamic_shape=False, *, virtual_stages=1):
         super().__init__()
         if num_stages is None and topology is None:
             raise ValueError("PipelineModule: give num_stages or topology")
@@ -78,7 +105,7 @@ class PipelineModule(torch.nn.Module):
             raise ValueError(f"PipelineModule: virtual_stages {virtual_stages} with one pipeline stage; "
                              "model chunks interleave over several stages (use virtual_stages=1)")
         self._topo = topology
-        self._grid = PipelineParallelGrid(topology, rank)
+        self._grid = PipelineParallelGrid(topology)
         self.global_rank = rank
         self.num_stages = topology.get_dim("pipe")
         self.stage_id = self._grid.stage_id
@@ -89,6 +116,9 @@ class PipelineModule(torch.nn.Module):
         if activation_checkpoint_func is None:
             from zeroshard.checkpointing import checkpoint as activation_checkpoint_func
         self.activation_checkpoint_func = activation_checkpoint_func
+        if checkpointable_layers is not None and not isinstance(checkpointable_layers, (list, tuple)):
+            raise ValueError(f"PipelineModule: checkpointable_layers must be a list of class names, got "
+                             f"{type(checkpointable_layers).__name__} {checkpointable_layers!r}")
         self.checkpointable_layers = checkpointable_layers
         self._layer_specs = list(layers)
         if not self._layer_specs:
@@ -139,6 +169,11 @@ class PipelineModule(torch.nn.Module):
     def num_pipeline_stages(self):
         return self.num_stages
 
+    @property
+    def layer_specs(self):
+        """The layers as given (modules, LayerSpecs), in order; parts[s] indexes them."""
+        return list(self._layer_specs)
+
     def _partition(self, method):
         parts = self.num_stages * self.virtual_stages
         n = len(self._layer_specs)
@@ -146,25 +181,8 @@ class PipelineModule(torch.nn.Module):
             raise ValueError(f"PipelineModule: {n} layers cannot fill {parts} stages "
                              f"({self.num_stages} pipeline stages x {self.virtual_stages} virtual); "
                              "every stage needs at least one layer")
-        lowered = method.lower() if isinstance(method, str) else method
-        if lowered == "uniform":
-            return list(_C.pipeline.partition_uniform(n, parts))
-        if lowered == "parameters":
-            weights = [float(c) for c in self._layer_counts()]
-        elif isinstance(lowered, str) and lowered.startswith("type:"):
-            pattern = method.split(":", 1)[1]
-            try:
-                regex = re.compile(pattern, re.IGNORECASE)
-            except re.error as error:
-                raise ValueError(f"PipelineModule: partition_method {method!r}: bad regex: {error}")
-            weights = [1.0 if regex.search(_layer_name(layer)) else 0.0 for layer in self._layer_specs]
-            if sum(weights) == 0:
-                names = sorted({_layer_name(layer) for layer in self._layer_specs})
-                raise ValueError(f"PipelineModule: partition_method {method!r} matches no layer; "
-                                 f"the layers' types are {names}")
-        else:
-            raise ValueError(f"PipelineModule: partition_method {method!r}, expected {PARTITION_METHODS}")
-        return list(_C.pipeline.partition_balanced(weights, parts))
+        counts = self._layer_counts() if isinstance(method, str) and method.lower() == "parameters" else None
+        return partition_layers(self._layer_specs, parts, method, counts)
 
     def _layer_counts(self):
         """Each layer's trainable parameters (a LayerSpec built once on the meta device to count)."""

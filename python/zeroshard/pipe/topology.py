@@ -175,13 +175,12 @@ class PipelineParallelGrid:
         import torch.distributed as dist
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        # zeroshard's earlier PipelineParallelGrid(topology, global_rank), as pipe/module.py calls
-        # it. (torch stands for a group this rank is not in by a negative int: that one is a group.)
-        if isinstance(process_group, int) and not isinstance(process_group, bool) and process_group >= 0:
-            if process_group != self.global_rank:
-                raise ValueError(f"PipelineParallelGrid: global rank {process_group} given, but this "
-                                 f"process is rank {self.global_rank}")
-        elif process_group is not None:
+        # torch stands for a group this rank is not in by a negative int (GroupMember.NON_GROUP_MEMBER).
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup) and \
+                process_group is not dist.GroupMember.NON_GROUP_MEMBER:
+            raise ValueError(f"PipelineParallelGrid: process_group must be a torch.distributed group, got "
+                             f"{type(process_group).__name__} {process_group!r}")
+        if process_group is not None:
             # DeepSpeed's grid ignores process_group and spans the world; this one spans the world
             # too, and refuses a group that says otherwise.
             members = dist.get_world_size(process_group)
