@@ -6,6 +6,10 @@
 
 namespace zeroshard {
 
+// Shard starts aligned to 16 elements: 64 bytes of fp32, so vector kernels start on a cache line.
+// Every flat group's layout is make_flat_layout(numels, world_size, kAlignmentNumel).
+constexpr int64_t kAlignmentNumel = 16;
+
 // Rounds numel up so the buffer splits into world_size equal shards that each start on an
 // alignment_numel boundary (collectives and vector kernels want aligned starts).
 int64_t padded_numel(int64_t numel, int64_t world_size, int64_t alignment_numel);

@@ -26,7 +26,7 @@ struct GroupSpec {
   at::ScalarType model_dtype = at::kFloat;
   int64_t world_size = 1;
   int64_t rank = 0;
-  int64_t alignment_numel = 16;
+  int64_t alignment_numel = kAlignmentNumel;
   bool shard_state = false;       // stages 1-3: master weights and optimizer state are sharded
   bool full_grads = true;         // stages 0-1: full flat gradients; else only the owned shard
   bool partition_params = false;  // stage 3: only this rank's chunks of each parameter are kept

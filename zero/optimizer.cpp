@@ -10,24 +10,11 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/trace.h"
+#include "zero/buckets.h"  // bucket caps
 
 namespace zeroshard {
 
 namespace {
-// Shard starts aligned to 16 elements: 64 bytes of fp32, so vector kernels start on a cache line.
-constexpr int64_t kAlignmentNumel = 16;
-// reduce_bucket_size is an upper bound. Stages 0-1 reduce gradients in place in slices of the flat
-// buffer, so a bucket costs no memory, but DeepSpeed's default (5e8) would make one bucket that can
-// only start after backward ends: capped at 25M elements, so reduction overlaps backward. (DDP's
-// cap is 25 MiB, 6.5M fp32 elements; that cap measured no faster here, 19 buckets instead of 4.)
-// Stages 2-3 stage each bucket in buffers of its size, so their cap also bounds that memory: 8M
-// elements in all, about one transformer layer of a 100M model, in one buffer, or with
-// overlap_comm in two of 4M (a larger parameter gets a bucket of its own size). On the 100M GPT
-// of bench/zero_step.py, two of 8M put stage 3's peak heap rise level with FSDP2's (1.00), two of
-// 4M at 0.97 (bench/RESULTS.md).
-constexpr int64_t kInPlaceBucketNumel = 25000000;
-constexpr int64_t kStagedBucketNumel = 8000000;
-
 LossScalerOptions scaler_options(const Fp16Config& f) {
   LossScalerOptions o;
   o.dynamic = f.enabled && f.loss_scale == 0.0;
@@ -131,10 +118,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, const Config& config,
   ReduceOptions ro;
   // Full-gradient stages reduce in place, so overlapping costs no memory and is always on.
   ro.overlap_comm = config.zero_optimization.overlap_comm || strategy_->keeps_full_grads();
-  const int64_t cap = strategy_->keeps_full_grads() ? kInPlaceBucketNumel
-                      : ro.overlap_comm ? kStagedBucketNumel / 2
-                                        : kStagedBucketNumel;
-  ro.bucket_numel = std::min(config.zero_optimization.reduce_bucket_size, cap);
+  ro.bucket_numel = effective_bucket_numel(config.zero_optimization.reduce_bucket_size,
+                                          strategy_->keeps_full_grads(), ro.overlap_comm);
   ro.prescale_gradients = config.prescale_gradients;
   ro.gradient_predivide_factor = config.gradient_predivide_factor;
   // A single rank communicates nothing: a copy in another dtype would only round its gradients.
@@ -233,7 +218,7 @@ void ZeroOptimizer::require_not_failed(const std::string& what) const {
 StepResult ZeroOptimizer::step(const std::vector<GroupHyper>& hypers, int64_t samples,
                                 double duplicate_sum_sq) {
   require_not_failed("optimizer step");
-  trace::Scope traced("optimizer", "optimizer step");
+  trace::Scope traced("optimizer", [] { return std::string("optimizer step"); });
   StepResult r;
   try {
     r = step_->run(hypers, samples, duplicate_sum_sq);

@@ -60,8 +60,7 @@ SwapSpace::~SwapSpace() {
 std::string SwapSpace::backend() const { return engine_->backend_reason(); }
 
 at::Tensor SwapSpace::acquire() {
-  // One alignment's slack: host allocators align to less than a page.
-  at::Tensor base = pool_.acquire(staging_bytes_ + kDirectAlignment, at::kByte);
+  at::Tensor base = pool_.acquire(staging_allocation_bytes(staging_bytes_), at::kByte);
   at::Tensor view = aligned_for_direct_io(base, staging_bytes_);
   lent_.emplace_back(view, base);
   return view;
@@ -86,7 +85,7 @@ SwappedPart::SwappedPart(SwapSpace& space, const std::string& name, const std::v
     r.numel = sg.numel;
     r.offset = file_bytes_;
     r.slot_bytes = align_up(sg.numel * int64_t(c10::elementSize(dtype_)));
-    file_bytes_ += kHeaderBytes + r.slot_bytes * int64_t(1 + slots_);
+    file_bytes_ += swap_region_bytes(r.slot_bytes, int64_t(slots_));
     regions_.push_back(r);
   }
   file_ = std::make_unique<DirectFile>(space_.dir().file(name), true);
@@ -126,7 +125,7 @@ void SwappedPart::preallocate() {
 
 int64_t SwappedPart::max_region_bytes() const {
   int64_t most = 0;
-  for (const Region& r : regions_) most = std::max(most, kHeaderBytes + r.slot_bytes * int64_t(1 + slots_));
+  for (const Region& r : regions_) most = std::max(most, swap_region_bytes(r.slot_bytes, int64_t(slots_)));
   return most;
 }
 

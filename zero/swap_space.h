@@ -22,6 +22,20 @@
 
 namespace zeroshard {
 
+// A region's header block (magic, region, write number), before its values.
+constexpr int64_t kSwapHeaderBytes = kDirectAlignment;
+
+// One region's bytes in its file, and what a staging buffer holding it is: the header, then the
+// values (`value_bytes`) and each of `slots` state slots, each padded to the direct-I/O alignment.
+// The memory planner (python/zeroshard/planner) reads it through _C.layout.
+inline int64_t swap_region_bytes(int64_t value_bytes, int64_t slots) {
+  return kSwapHeaderBytes + align_up(value_bytes) * (1 + slots);
+}
+
+// What a staging buffer of `staging_bytes` takes from the host pool: one alignment's slack, as
+// host allocators align to less than a page.
+inline int64_t staging_allocation_bytes(int64_t staging_bytes) { return staging_bytes + kDirectAlignment; }
+
 // The first `bytes` of `base` (a flat uint8 CPU tensor of at least bytes + kDirectAlignment)
 // from its first address aligned for direct I/O.
 at::Tensor aligned_for_direct_io(const at::Tensor& base, int64_t bytes);
@@ -119,7 +133,7 @@ class SwappedPart {
   void forget_state();
 
  private:
-  static constexpr int64_t kHeaderBytes = kDirectAlignment;
+  static constexpr int64_t kHeaderBytes = kSwapHeaderBytes;
   struct Header {
     char magic[8] = {'Z', 'S', 'S', 'W', 'A', 'P', '0', '1'};
     int64_t begin = 0, sequence = 0;

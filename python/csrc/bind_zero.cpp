@@ -4,8 +4,12 @@
 
 #include "python/csrc/bindings.h"
 #include "runtime/error.h"
+#include "runtime/shard.h"
+#include "zero/buckets.h"
 #include "zero/frozen_release.h"
 #include "zero/optimizer.h"
+#include "zero/strategy.h"
+#include "zero/swap_space.h"
 
 namespace py = pybind11;
 
@@ -75,6 +79,50 @@ OptimizerConfig client_optimizer(const py::dict& d) {
 }  // namespace
 
 void bind_zero(py::module_& m) {
+  // The layout rules the memory planner (zeroshard/planner) counts bytes with: the same functions
+  // and constants the runtime lays its buffers out with (runtime/shard.h, zero/buckets.h,
+  // zero/swap_space.h).
+  py::module_ lm = m.def_submodule("layout", "flat-buffer padding, ZeRO-3 chunks and gradient buckets");
+  lm.attr("alignment_numel") = kAlignmentNumel;
+  lm.def("flat_layout", [](const std::vector<int64_t>& numels, int64_t world_size) {
+        const FlatLayout L = make_flat_layout(numels, world_size, kAlignmentNumel);
+        return py::make_tuple(L.total_numel, L.padded_numel, L.shard_numel());
+      }, py::arg("numels"), py::arg("world_size"),
+      "(total_numel, padded_numel, shard_numel) of one flat group at stages 0-2");
+  lm.def("chunk_layout", [](const std::vector<int64_t>& numels, int64_t world_size) {
+        const ChunkLayout L = make_chunk_layout(numels, world_size);
+        return py::make_tuple(L.chunks, L.shard_numel);
+      }, py::arg("numels"), py::arg("world_size"), "(chunk numel per tensor, shard_numel) at stage 3");
+  lm.def("stage_traits", [](int stage) {
+        ZeroConfig zc;
+        zc.stage = stage;
+        const auto strategy = make_strategy(zc);
+        py::dict d;
+        d["shards_optimizer_state"] = strategy->shards_optimizer_state();
+        d["keeps_full_grads"] = strategy->keeps_full_grads();
+        d["partitions_params"] = strategy->partitions_params();
+        return d;
+      }, py::arg("stage"), "what ZeRO stage `stage` shards and keeps (zero/strategy.h)");
+  lm.def("swap_region_bytes", &swap_region_bytes, py::arg("value_bytes"), py::arg("slots"),
+         "bytes of one NVMe swap-file region: header, values and `slots` state slots, each padded");
+  lm.def("swap_staging_bytes", [](int64_t value_bytes, int64_t slots) {
+        return staging_allocation_bytes(swap_region_bytes(value_bytes, slots));
+      }, py::arg("value_bytes"), py::arg("slots"),
+      "host-pool bytes of one NVMe staging buffer for a region of value_bytes and `slots` state slots");
+  lm.def("optimizer_state_slots", [](const std::string& type) { return optimizer_row(type).state_names.size(); },
+         py::arg("type"), "state tensors per element of the optimizer `type` (Adam: 2)");
+  lm.def("effective_bucket_numel", &effective_bucket_numel, py::arg("reduce_bucket_size"),
+         py::arg("full_grads"), py::arg("overlap_comm"));
+  lm.def("plan_buckets", [](const std::vector<int64_t>& numels, int64_t world_size, int64_t bucket_numel) {
+        const FlatLayout L = make_flat_layout(numels, world_size, kAlignmentNumel);
+        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> out;
+        for (const BucketSpec& b : plan_buckets({&L}, bucket_numel).buckets) {
+          out.emplace_back(b.first_param, b.end_param, b.offset, b.numel);
+        }
+        return out;
+      }, py::arg("numels"), py::arg("world_size"), py::arg("bucket_numel"),
+      "one group's gradient buckets as (first_param, end_param, offset, numel), in fill order");
+
   // The sequence number the next autograd node created on this thread gets (every node but
   // AccumulateGrad takes one): ZeRO-3's hooks bracket a module's forward with it.
   m.def("autograd_sequence_number", [] { return at::sequence_number::peek(); });

@@ -16,6 +16,8 @@ _LAZY = {
     # DeepSpeed's top level has both (Megatron-DeepSpeed: isinstance(model, deepspeed.PipelineEngine)).
     "PipelineModule": ("zeroshard.pipe", "PipelineModule"),
     "PipelineEngine": ("zeroshard.pipe.engine", "PipelineEngine"),
+    # The memory planner (zeroshard/planner): every setup's bytes per GPU and node, and which fits.
+    "plan": ("zeroshard.planner", "plan"),
 }
 
 # Submodules DeepSpeed scripts reach as attributes (deepspeed.comm.get_rank(), deepspeed.ops.adam...).

@@ -30,7 +30,6 @@ namespace {
 // 1-element tensor leaves stage 3's ranks above 0 without a chunk of it.
 const std::vector<std::vector<int64_t>> kGroupNumels = {{15, 7, 16, 1}, {33, 5}};
 constexpr int64_t kNumParams = 6;
-constexpr int64_t kAlignmentNumel = 16;  // ZeroOptimizer's
 constexpr int kWindows = 2;              // accumulation windows, zero_grad (the step) between
 constexpr int kAbortedMicro = 9;         // gradients of the backward that raises
 

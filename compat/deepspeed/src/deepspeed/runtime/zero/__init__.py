@@ -5,4 +5,4 @@ from deepspeed._lazy import submodule_getattr
 from zeroshard.zero import *  # noqa: F401,F403
 
 __all__ = list(_zero.__all__)
-__getattr__ = submodule_getattr(__name__, ("partition_parameters",))
+__getattr__ = submodule_getattr(__name__, ("partition_parameters", "stage3", "stage_1_and_2"))

@@ -1,0 +1,10 @@
+"""deepspeed.runtime.zero.stage_1_and_2: DeepSpeed's ZeRO-2 memory estimators (zeroshard's own, in
+zeroshard.planner.deepspeed_estimators). DeepSpeed's optimizer class is not provided: zeroshard's
+ZeRO-1/2 run inside its engine (zeroshard.initialize)."""
+from zeroshard.planner.deepspeed_estimators import (estimate_zero2_model_states_mem_needs,  # noqa: F401
+                                                    estimate_zero2_model_states_mem_needs_all_cold,
+                                                    estimate_zero2_model_states_mem_needs_all_live)
+from zeroshard.planner.deepspeed_estimators import zero2_model_to_params as model_to_params  # noqa: F401
+
+__all__ = ["estimate_zero2_model_states_mem_needs", "estimate_zero2_model_states_mem_needs_all_live",
+           "estimate_zero2_model_states_mem_needs_all_cold", "model_to_params"]
