@@ -40,11 +40,8 @@ class LaunchError(Exception):
     """A problem the user can fix; printed as `zeroshard: <message>`, exit status 1."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="zeroshard",
-        description="Start a zeroshard (or DeepSpeed) training script on one or many hosts.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_host_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that pick hosts, slots and the rendezvous: the launcher's, and `zeroshard check`'s."""
     p.add_argument("-H", "--hostfile", default=None,
                    help=f'"<host> slots=<n>" per line (default {DEFAULT_HOSTFILE}; '
                         "absent: this machine only)")
@@ -57,13 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master_port", type=int, default=None,
                    help=f"rendezvous port (default: a free one for a run on this machine alone, "
                         f"{DEFAULT_PORT} across nodes)")
+    p.add_argument("--launcher_args", default="",
+                   help="extra arguments for ssh / pdsh / mpirun / srun, shell-split")
+    p.add_argument("--ssh_port", type=int, default=None)
+    p.add_argument("--force_multi", action="store_true",
+                   help="use the multi-node path (ssh) even for a single host")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zeroshard",
+        description="Start a zeroshard (or DeepSpeed) training script on one or many hosts.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_host_arguments(p)
     p.add_argument("--node_rank", type=int, default=-1, help="this node's index, with --no_ssh")
     p.add_argument("--no_ssh", action="store_true",
                    help="run only this node's ranks (the same command runs on every node)")
     p.add_argument("--launcher", default="ssh", choices=LAUNCHERS)
-    p.add_argument("--launcher_args", default="",
-                   help="extra arguments for ssh / pdsh / mpirun / srun, shell-split")
-    p.add_argument("--ssh_port", type=int, default=None)
     p.add_argument("--module", action="store_true", help="the script is a module name (python -m)")
     p.add_argument("--no_python", action="store_true", help="run the script as a program, not via python")
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=N")
@@ -72,8 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind_cores_to_rank", action="store_true",
                    help="give each rank an equal share of the cores; sets OMP_NUM_THREADS")
     p.add_argument("--no_ssh_check", action="store_true", help="skip the ssh reachability check")
-    p.add_argument("--force_multi", action="store_true",
-                   help="use the multi-node path (ssh) even for a single host")
     p.add_argument("--save_pid", action="store_true",
                    help="write this launcher's pid to /tmp/<pid>.zeroshard while it runs")
     p.add_argument("user_script", help="training script (or module / program)")
@@ -131,7 +136,7 @@ def find_master_addr(job: Job, host: str) -> str:
     return addrs[0]
 
 
-def _rendezvous_port(asked: int | None, alone: bool) -> int:
+def rendezvous_port(asked: int | None, alone: bool) -> int:
     """The port rank 0's store listens on. On this machine alone: a free one when none was asked
     for, and an asked-for port that something already holds is an error naming it."""
     if not alone:
@@ -182,7 +187,7 @@ def plan(args: argparse.Namespace) -> tuple[list[NodeProcess], list[str]]:
     # One machine alone picks a free port, as torchrun --standalone does; nodes must agree, so
     # they take the default unless told otherwise.
     alone = not multi and not args.no_ssh
-    job.master_port = _rendezvous_port(args.master_port, alone)
+    job.master_port = rendezvous_port(args.master_port, alone)
     if not multi:  # this machine runs (its share of) the ranks itself, without ssh
         node_rank = args.node_rank if args.no_ssh else 0
         if node_rank >= len(hosts):
@@ -224,7 +229,7 @@ def plan(args: argparse.Namespace) -> tuple[list[NodeProcess], list[str]]:
     return [NodeProcess("srun", argv, env, False)], []
 
 
-def _glue_launcher_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+def glue_launcher_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """`--launcher_args "-i key"` -> `--launcher_args=-i key`: argparse would take a value starting
     with '-' for an option. Only the launcher's own options (before the script) are looked at."""
     takes_value = {s for a in parser._actions if a.nargs is None and a.option_strings
@@ -248,8 +253,16 @@ def _glue_launcher_args(argv: list[str], parser: argparse.ArgumentParser) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # `zeroshard plan ...` (the memory planner) and `zeroshard check ...` (the preflight check).
+    if argv[:1] == ["plan"]:
+        from zeroshard.planner.cli import main as plan_main
+        return plan_main(argv[1:])
+    if argv[:1] == ["check"]:
+        from .check import main as check_main
+        return check_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(_glue_launcher_args(sys.argv[1:] if argv is None else argv, parser))
+    args = parser.parse_args(glue_launcher_args(argv, parser))
     if args.user_args[:1] == ["--"]:
         args.user_args = args.user_args[1:]
     try:

@@ -3,7 +3,9 @@
 # hosts from network namespaces, each with its own sshd.
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -98,23 +100,76 @@ class TestHosts:
         shutil.copy(f"{self.key}.pub", self.tmp / "authorized_keys")
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
         for ns, addr in zip(self.ns, self.addrs):
-            conf = self.tmp / f"sshd_{ns}.conf"
-            conf.write_text("\n".join([
-                f"Port {self.port}", f"ListenAddress {addr}", f"HostKey {self.tmp / 'host_key'}",
-                f"AuthorizedKeysFile {self.tmp / 'authorized_keys'}", "PermitRootLogin yes",
-                "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-                "UsePAM no", "UseDNS no", "PidFile none", "MaxStartups 100", "MaxSessions 100", ""]))
-            log = open(self.tmp / f"sshd_{ns}.log", "w")
-            self.sshd.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
-                stdout=log, stderr=log))
+            self._start_sshd(ns, addr, self.port)
         for ns, addr in zip(self.ns, self.addrs):
-            def answers() -> bool:
-                return subprocess.run(self.ssh_argv(addr, "true"), capture_output=True, timeout=20,
-                                      stdin=subprocess.DEVNULL).returncode == 0
-            if not wait_for(lambda: not self.sshd_alive() or answers(), 10, 0.2) or not self.sshd_alive():
-                raise RuntimeError(f"sshd in {ns} did not come up: "
-                                   + (self.tmp / f"sshd_{ns}.log").read_text())
+            self._wait_for_sshd(ns, addr, self.port)
+
+    def _start_sshd(self, ns: str, addr: str, port: int, settings: dict | None = None,
+                    prefix: list[str] | None = None) -> str:
+        """An sshd in `ns` on addr:port; `settings` replace sshd_config keywords (sshd takes the first
+        of each), `prefix` runs before sshd inside the namespace. Returns the name of its log."""
+        name = f"sshd_{ns}_{port}"
+        lines = {"Port": str(port), "ListenAddress": addr, "HostKey": str(self.tmp / "host_key"),
+                 "AuthorizedKeysFile": str(self.tmp / "authorized_keys"), "PermitRootLogin": "yes",
+                 "StrictModes": "no", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
+                 "UsePAM": "no", "UseDNS": "no", "PidFile": "none", "MaxStartups": "100",
+                 "MaxSessions": "100", **(settings or {})}
+        conf = self.tmp / f"{name}.conf"
+        conf.write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
+        log = open(self.tmp / f"{name}.log", "w")
+        self.sshd.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, *(prefix or []), "/usr/sbin/sshd", "-D", "-e", "-f", str(conf)],
+            stdout=log, stderr=log))
+        return name
+
+    def _wait_for_sshd(self, ns: str, addr: str, port: int, expect_login: bool = True) -> None:
+        def answers() -> bool:
+            if not expect_login:  # a daemon that refuses us: its port answering is enough
+                return subprocess.run(["ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{port}"],
+                                      capture_output=True, text=True, timeout=10).stdout.strip() != ""
+            return subprocess.run(self.ssh_argv(addr, "true", port=port), capture_output=True, timeout=20,
+                                  stdin=subprocess.DEVNULL).returncode == 0
+        if not wait_for(lambda: not self.sshd_alive() or answers(), 10, 0.2) or not self.sshd_alive():
+            raise RuntimeError(f"sshd in {ns} on port {port} did not come up: "
+                               + (self.tmp / f"sshd_{ns}_{port}.log").read_text())
+
+    def add_sshd(self, host_index: int, port: int, settings: dict | None = None,
+                 bind_files: dict[str, str] | None = None, expect_login: bool = True) -> None:
+        """Another "host" in the namespace of host `host_index`: its own sshd on `port`, with sshd_config
+        `settings`, and files `bind_files` {replacement: path} mounted over paths in its own mount
+        namespace (another version of a package installed at the same path, as on another machine)."""
+        ns, addr = self.ns[host_index], self.addrs[host_index]
+        prefix = []
+        if bind_files:
+            mounts = " && ".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
+                                 for src, dst in bind_files.items())
+            prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"',
+                      "sh"]
+        self._start_sshd(ns, addr, port, settings, prefix)
+        self._wait_for_sshd(ns, addr, port, expect_login)
+
+    def write_ssh_config(self, path: Path, hosts: dict[str, tuple[int, int]]) -> None:
+        """An ssh_config naming hosts {name: (host index, sshd port)}, with the test's key and options."""
+        blocks = [f"Host {name}\n  HostName {self.addrs[i]}\n  Port {port}\n"
+                  for name, (i, port) in hosts.items()]
+        path.write_text("".join(blocks) + f"Host *\n  IdentityFile {self.key}\n  StrictHostKeyChecking no\n"
+                        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+
+    @contextlib.contextmanager
+    def port_blocked(self, host_index: int, daddr: str, port: int):
+        """An nftables rule in host `host_index`'s namespace that drops its TCP packets to daddr:port."""
+        nft = ["ip", "netns", "exec", self.ns[host_index], "nft"]
+        table = f"zscheck{port}"
+        subprocess.run(nft + ["add", "table", "inet", table], check=True, capture_output=True, timeout=10)
+        try:
+            subprocess.run(nft + ["add", "chain", "inet", table, "out",
+                                  "{ type filter hook output priority 0 ; }"],
+                           check=True, capture_output=True, timeout=10)
+            subprocess.run(nft + ["add", "rule", "inet", table, "out", "ip", "daddr", daddr, "tcp", "dport",
+                                  str(port), "drop"], check=True, capture_output=True, timeout=10)
+            yield
+        finally:
+            subprocess.run(nft + ["delete", "table", "inet", table], capture_output=True, timeout=10)
 
     def sshd_alive(self) -> bool:
         return all(p.poll() is None for p in self.sshd)
@@ -123,8 +178,8 @@ class TestHosts:
         return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                 "-o", "LogLevel=ERROR"]
 
-    def ssh_argv(self, addr: str, *cmd: str) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[0], "ssh", "-o", "BatchMode=yes", "-p", str(self.port),
+    def ssh_argv(self, addr: str, *cmd: str, port: int | None = None) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[0], "ssh", "-o", "BatchMode=yes", "-p", str(port or self.port),
                 *self.ssh_options(), addr, *cmd]
 
     def job_pids(self) -> set[int]:

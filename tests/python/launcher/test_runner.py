@@ -51,7 +51,7 @@ def fakes(tmp_path, monkeypatch):
 
 def plan(*argv):
     parser = runner.build_parser()
-    return runner.plan(parser.parse_args(runner._glue_launcher_args(list(argv), parser)))
+    return runner.plan(parser.parse_args(runner.glue_launcher_args(list(argv), parser)))
 
 
 def spawner_of(node):
@@ -158,7 +158,7 @@ def test_openmpi_and_slurm(fakes):
 
 def test_launcher_args_may_start_with_a_dash():
     parser = runner.build_parser()
-    glued = runner._glue_launcher_args(
+    glued = runner.glue_launcher_args(
         ["-H", "hf", "--launcher_args", "-i k -p 2", "s.py", "--launcher_args", "-x"], parser)
     assert glued == ["-H", "hf", "--launcher_args=-i k -p 2", "s.py", "--launcher_args", "-x"]
     args = parser.parse_args(glued)
