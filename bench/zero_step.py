@@ -60,16 +60,23 @@ IMPLS = {
     "zs3-r0": ("zeroshard reuse distance 0, prefetch 1e7", 3),
     # The same without overlap_comm: one gradient bucket in flight instead of two.
     "zs3-r0-seq": ("zeroshard reuse distance 0, prefetch 1e7, overlap_comm false", 3),
+    # What observability costs: zs3 with the per-rank trace of every step (written at exit), and
+    # with the comms logger (bench/observe_overhead.py compares them inside one run).
+    "zs3-trace": ("zeroshard, trace on", 3),
+    "zs3-comms": ("zeroshard, comms_logger on", 3),
     "fsdp2-ra1": ("torch FSDP2 reshard_after_forward=True", 3),
     "ds3": ("DeepSpeed", 3),
 }
 # zeroshard implementation -> the torch peer it is held against
 PEER = {"zs0": "ddp", "zs1": "zero-r", "zs2": "fsdp2-ra0", "zs3": "fsdp2-ra1", "zs3-r0": "fsdp2-ra1",
-        "zs3-r0-seq": "fsdp2-ra1"}
+        "zs3-r0-seq": "fsdp2-ra1", "zs3-trace": "zs3", "zs3-comms": "zs3"}
 # zeroshard config keys each variant sets on top of the shared config
 ZS_EXTRA = {"zs3-r0": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000},
             "zs3-r0-seq": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000000,
                            "overlap_comm": False}}
+# top-level config keys each variant sets
+TOP_EXTRA = {"zs3-trace": lambda: {"trace": {"enabled": True, "output_path": tempfile.mkdtemp(prefix="zs3-trace-")}},
+             "zs3-comms": lambda: {"comms_logger": {"enabled": True}}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,7 +221,8 @@ def worker(a):
     if impl.startswith("zs"):
         import zeroshard
         engine, opt, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(),
-                                                 config=_ds_config(a, stage, ZS_EXTRA.get(impl)))
+                                                 config={**_ds_config(a, stage, ZS_EXTRA.get(impl)),
+                                                         **TOP_EXTRA.get(impl, dict)()})
         zs_engine = engine
         roots = [engine, opt]
     elif impl.startswith("ds"):
