@@ -2,7 +2,7 @@
 # steps that are already satisfied.
 PY        ?= python3
 PIP       := $(PY) -m pip
-APT_PKGS  := nlohmann-json3-dev catch2 ccache cmake g++ openssh-server openssh-client iproute2 procps liburing-dev libaio-dev fio
+APT_PKGS  := nlohmann-json3-dev catch2 ccache cmake g++ openssh-server openssh-client iproute2 procps liburing-dev libaio-dev fio nftables
 NPROC     := $(shell nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -19,7 +19,7 @@ test-cpp:
 	ctest --test-dir build --output-on-failure -j $(NPROC)
 
 test-python:
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --durations=25 tests/python
 
 # flock: one build at a time in the shared build/ folder.
 build: setup

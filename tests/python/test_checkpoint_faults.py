@@ -201,11 +201,11 @@ def _records(path):
 # One line per trial: the job's world size and ZeRO stage, and whether its repeated saves replace
 # one tag ("same": the RENAME_EXCHANGE path) or write a new one each time ("new"). Each job first
 # loads what the previous job's kill left (a reshard where world or stage changes).
-# 12 trials (CI's time budget): every stage, both tag modes, worlds 1 and 2, with reshards between.
+# 8 trials (CI's time budget): every stage, both tag modes at stages 1-3, worlds 1 and 2, with
+# reshards between.
 KILL_TRIALS = [
     (2, 3, "new"), (2, 3, "same"), (2, 1, "new"), (1, 2, "same"), (2, 2, "new"),
-    (2, 0, "same"), (2, 3, "same"), (1, 3, "new"), (2, 1, "same"), (2, 3, "new"),
-    (2, 2, "same"), (1, 0, "same"),
+    (2, 0, "same"), (1, 3, "new"), (2, 1, "same"),
 ]
 MODEL = {"d_model": 256, "n_layers": 4}  # ~3.2 M parameters: ~38 MB per save with Adam's moments
 
@@ -267,7 +267,7 @@ def test_kill_9_all_ranks_inside_a_save(tmp_path):
     print(f"{len(KILL_TRIALS)} kills in {elapsed:.1f} s: {stats}")
     # The delays must mostly land inside a save, or the test proves little.
     assert stats["inside"] >= len(KILL_TRIALS) // 2, stats
-    assert stats["left_tmp"] >= 3, stats
+    assert stats["left_tmp"] >= 2, stats  # the next save's clean-up of a half-written one ran
 
 
 # ----- disk full ----------------------------------------------------------------------------------

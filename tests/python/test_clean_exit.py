@@ -46,7 +46,7 @@ def test_after_an_exception_the_group_is_left_alone_and_the_error_is_the_exit(tm
 def test_process_group_is_destroyed_at_exit(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    for attempt in range(3):  # the abort was intermittent: a few runs, each must exit 0
+    for attempt in range(2):  # the abort was intermittent: a few runs, each must exit 0
         run = subprocess.run([sys.executable, "-m", "zeroshard.launcher.runner", "--num_gpus", "2",
                               str(script)], capture_output=True, text=True, timeout=120,
                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
