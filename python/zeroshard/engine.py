@@ -55,6 +55,28 @@ def _warn_unused_pipeline_keys(args, config, config_params):
                   "the model is not a zeroshard.pipe.PipelineModule", int(os.environ.get("RANK", "0")))
 
 
+def _check_partitioned(module, groups, stage):
+    """Parameters partitioned under zero.Init need stage 3 and a place: an optimizer group or frozen."""
+    chunked = [n for n, p in module.named_parameters() if full_shape(p) is not None]
+    if chunked and stage != 3:
+        raise ValueError(f"zero.Init: a model built under zeroshard.zero.Init needs "
+                         f"zero_optimization.stage 3 (stage is {stage}); "
+                         f"partitioned parameters: {', '.join(chunked[:3])}")
+    trainable_ids = {id(p) for _, ps in groups for p in ps}
+    stray = [(n, p) for n, p in module.named_parameters()
+             if full_shape(p) is not None and id(p) not in trainable_ids
+             and (p.requires_grad or not p.is_floating_point())]  # frozen floating ones are partitioned
+    if stray:
+        names = ", ".join(n for n, _ in stray[:3])
+        if any(not p.is_floating_point() for _, p in stray):
+            raise ValueError(f"zero.Init: {names} partitioned under zeroshard.zero.Init have "
+                             "a non-floating dtype, which ZeRO-3 does not gather; create them "
+                             "outside zero.Init")
+        raise ValueError(f"zero.Init: {names} were partitioned under zeroshard.zero.Init but "
+                         "are neither in the optimizer's parameter groups nor frozen "
+                         "(requires_grad=False); pass them to the optimizer or freeze them")
+
+
 def _param_groups(model, model_parameters, client_optimizer):
     """[(group_dict_without_params, [params])] from whatever the script passed. A client
     optimizer's own group dicts are returned (not copies), so a scheduler built on it still
@@ -102,11 +124,13 @@ class ZeroShardEngine(torch.nn.Module):
         self.device = comm_device()
         self.module = model.to(self.device)
         self.dtype = PRECISIONS[s["precision"]]
-        self._comm = self._make_comm()
-        release_at_exit(self)
-
         self._client_optimizer = None  # a torch optimizer the script built, which never steps itself
         spec, groups = self._optimizer_spec(optimizer, model_parameters)
+        # Checks that every rank makes alike run before the communicator: a rank that raises then
+        # never leaves another connecting to its store (rank 0's goes when its process ends).
+        _check_partitioned(self.module, groups, s["stage"])
+        self._comm = self._make_comm()
+        release_at_exit(self)
         self._build_core(spec, groups)
         self.optimizer = ZeroShardOptimizer(self._core, [g for g, _ in groups])
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
@@ -196,23 +220,6 @@ class ZeroShardEngine(torch.nn.Module):
         _C.broadcast_from_rank0(self._comm, [t for _, t in synced], [n for n, _ in synced], "initial")
         with torch.no_grad():
             self.module.to(self.dtype)
-        chunked = [n for n, p in self.module.named_parameters() if full_shape(p) is not None]
-        if chunked and self._settings["stage"] != 3:
-            raise ValueError(f"zero.Init: a model built under zeroshard.zero.Init needs "
-                             f"zero_optimization.stage 3 (stage is {self._settings['stage']}); "
-                             f"partitioned parameters: {', '.join(chunked[:3])}")
-        frozen_ids = {id(p) for p in frozen}
-        stray = [(n, p) for n, p in self.module.named_parameters()
-                 if full_shape(p) is not None and id(p) not in trainable_ids | frozen_ids]
-        if stray:
-            names = ", ".join(n for n, _ in stray[:3])
-            if any(not p.is_floating_point() for _, p in stray):
-                raise ValueError(f"zero.Init: {names} partitioned under zeroshard.zero.Init have "
-                                 "a non-floating dtype, which ZeRO-3 does not gather; create them "
-                                 "outside zero.Init")
-            raise ValueError(f"zero.Init: {names} were partitioned under zeroshard.zero.Init but "
-                             "are neither in the optimizer's parameter groups nor frozen "
-                             "(requires_grad=False); pass them to the optimizer or freeze them")
         unoptimized = [n for n, p in self.module.named_parameters()
                        if p.requires_grad and id(p) not in trainable_ids]
         if unoptimized:
