@@ -210,11 +210,20 @@ void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
                " (only interleaved_1f1b runs several model chunks per rank)");
     return;
   }
-  // Megatron-LM's order takes micro-batches through the chunks in groups of p.
+  // The one owner of this rule (PipelineModule builds the chunks, the engine asks here): chunks
+  // interleave over pipeline ranks, and one rank would only run them back to back, a bubble-free
+  // but slower 1F1B. Megatron-LM refuses an interleaved pipeline of one stage too.
+  ZS_REQUIRE(shape.virtual_stages == 1 || shape.num_stages > 1, "virtual_stages: got ",
+             shape.virtual_stages, " with num_stages 1, expected 1 for schedule interleaved_1f1b "
+             "(model chunks interleave over several pipeline stages)");
+  // Megatron-LM's order takes micro-batches through the chunks in groups of p. With one chunk
+  // per rank there are no groups: the order is 1F1B's, which takes any number (Megatron-LM runs
+  // its plain 1F1B when no virtual pipeline size is set, with no such rule).
+  if (shape.virtual_stages == 1) return;
   ZS_REQUIRE(shape.num_micro_batches % shape.num_stages == 0,
              "num_micro_batches: got ", shape.num_micro_batches,
              ", expected a multiple of num_stages (", shape.num_stages,
-             ") for schedule interleaved_1f1b");
+             ") for schedule interleaved_1f1b with virtual_stages ", shape.virtual_stages);
 }
 
 MemoryBound memory_bound(ScheduleKind kind, const PipelineShape& shape, int rank) {

@@ -68,7 +68,9 @@ struct InstructionCosts {
   double of(Op op) const;    // 0 for loads and the final three
 };
 
-// Throws UsageError naming the argument, its value and what is allowed.
+// Throws UsageError naming the argument, its value and what is allowed. The one place that
+// decides which shapes a schedule runs: v > 1 only for interleaved_1f1b and only with p > 1, and
+// there m a multiple of p (v = 1 is 1F1B's order, any m).
 void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape);
 
 // The most one rank holds at once under a schedule, from the schedule's own order (one function

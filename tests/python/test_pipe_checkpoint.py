@@ -3,7 +3,9 @@ AdamW, a WarmupLR schedule, clipping, the embedding tied to the unembedding acro
 last stage) saves after 3 steps; a fresh 4 stages x 1 engine loads it and its next 3 losses and
 final weights and moments are the saving run's; the same checkpoint loads into the same layers
 without a pipeline (ZeRO 3, world 2, the tie one shared Parameter) which trains on the same way
-and saves a checkpoint a 2-stage pipeline loads back; and layers that differ are named."""
+and saves a checkpoint a 2-stage pipeline loads back; and layers that differ are named. An
+interleaved run (2 stages x 2 model chunks) resumes bit for bit in its own layout and within
+1e-6 with one chunk per rank."""
 import json
 import os
 
@@ -26,15 +28,18 @@ def _config(micro, gas, zero_stage):
             "gradient_clipping": 0.5, "zero_optimization": {"stage": zero_stage}, "steps_per_print": 1000}
 
 
-def _pipeline(stages, blocks=BLOCKS, base_seed=1234, zero_stage=1):
+def _pipeline(stages, blocks=BLOCKS, base_seed=1234, zero_stage=1, virtual=1):
     import zeroshard
     from zeroshard.pipe import PipelineModule
     from pipe_models import layer_specs, loss_fn
     dp = int(os.environ["WORLD_SIZE"]) // stages
     net = PipelineModule(layers=layer_specs(blocks), num_stages=stages, loss_fn=loss_fn, seed_layers=True,
-                         base_seed=base_seed, partition_method="uniform")
+                         base_seed=base_seed, partition_method="uniform", virtual_stages=virtual)
     gas = GLOBAL_BATCH // (MICRO * dp)
-    engine, _, _, _ = zeroshard.initialize(model=net, config=_config(MICRO, gas, zero_stage),
+    config = _config(MICRO, gas, zero_stage)
+    if virtual > 1:
+        config["pipeline"] = {"schedule": "interleaved_1f1b", "virtual_stages": virtual}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
     return engine
 
@@ -321,3 +326,38 @@ def test_a_tied_modules_own_parameter_and_a_loss_module_save_and_load(tmp_path):
         assert np.array_equal(r["loaded_bias"], r["bias"]), f"rank {rank}: the loaded bias is not the saved one"
         assert r["go_on"][0] == r["go_on"][1], f"rank {rank}: the loaded engine trains differently: {r['go_on']}"
     assert np.array_equal(results[0]["class_weight"], results[1]["class_weight"])
+
+
+def _interleaved_worker(root):
+    """World 2: 2 stages x 2 model chunks (interleaved_1f1b) save after 3 steps; a fresh engine of
+    the same layout and one with one chunk per rank (1f1b, other stage boundaries) load it and
+    go on."""
+    import json as json_
+    from pipe_models import batches
+    data = batches(END, MICRO, GAS, 2, seed=7)
+    saver = _pipeline(2, virtual=2)
+    before = _train_pipeline(saver, data[:SAVE_AT])
+    saver.save_checkpoint(os.path.join(root, "v2"), tag="ck")
+    after = _train_pipeline(saver, data[SAVE_AT:])
+    out = {"losses": before + after, "end": _state(saver)}
+    for name, virtual in (("same", 2), ("v1", 1)):
+        loader = _pipeline(2, base_seed=99, virtual=virtual)
+        loader.load_checkpoint(os.path.join(root, "v2"), tag="ck")
+        out[name] = {"losses": _train_pipeline(loader, data[SAVE_AT:]), "end": _state(loader)}
+    with open(os.path.join(root, "v2", "ck", "manifest.json")) as f:
+        out["section"] = json_.load(f)["sections"]["pipeline"]
+    return out
+
+
+def test_an_interleaved_checkpoint_resumes_exactly_and_in_another_layout(tmp_path):
+    results = run_distributed(_interleaved_worker, 2, str(tmp_path), timeout=240)
+    section = results[0]["section"]
+    assert (section["num_stages"], section["virtual_stages"]) == (2, 2), section
+    assert len(section["parts"]) == 2 * 2 + 1, section  # 4 global stages' boundaries
+    saved_end = _joined([r["end"] for r in results])
+    for rank, r in enumerate(results):
+        # The same layout goes on bit for bit as the run that saved.
+        assert r["same"]["losses"] == r["losses"][SAVE_AT:], f"rank {rank}: {r['same']['losses']} vs {r['losses']}"
+        _losses_close(r["v1"]["losses"], r["losses"][SAVE_AT:], f"rank {rank}, virtual_stages 1")
+    _close(_joined([r["same"]["end"] for r in results]), saved_end, "virtual_stages 2 reloaded", tol=0.0)
+    _close(_joined([r["v1"]["end"] for r in results]), saved_end, "virtual_stages 1 from virtual_stages 2")

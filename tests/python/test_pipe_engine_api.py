@@ -4,7 +4,8 @@ set_dataloader, set_has_attention_mask with a boolean mask crossing the stages i
 the hidden states, reset_activation_shape before a longer sequence, pipeline.activation_checkpoint_
 interval from the config (the blocks really recompute), eval_batch's reduce_output and compute_
 loss forms, train_batch's loss on the device, and a partition by type that differs from the
-partition by parameters."""
+partition by parameters; and, at 2 data-parallel replicas, eval_batch(compute_loss=False)
+averaging floating outputs and naming an integer one (a mask) instead of averaging it."""
 import torch
 import torch.nn.functional as F
 
@@ -115,3 +116,56 @@ def test_the_pipeline_engine_as_deepspeed_scripts_use_it():
     assert results[0]["eval_list"] is None and results[0]["logits_shape"] is None
     # compute_loss=False, reduce_output "avg": the last stage's logits averaged over micro-batches.
     assert results[1]["logits_shape"] == [MICRO, 9, VOCAB]
+
+
+class MaskedHead(Head):
+    """Head that also returns the padding mask when with_mask is set (read at each forward)."""
+    with_mask = True
+
+    def forward(self, inputs):
+        return (self.out(inputs[0]), inputs[1]) if MaskedHead.with_mask else self.out(inputs[0])
+
+
+def _eval_outputs_worker():
+    """1 stage x 2 data: eval_batch(compute_loss=False) averages floating outputs over
+    micro-batches and replicas, and names an integer one instead of averaging it."""
+    import torch.distributed as dist
+    import zeroshard
+    from zeroshard.pipe import LayerSpec, PipelineModule
+
+    net = PipelineModule(layers=[LayerSpec(MaskedEmbed), LayerSpec(MaskedBlock), LayerSpec(MaskedHead)],
+                         num_stages=1, loss_fn=_loss)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    data = [(s[:, :-1], s[:, 1:]) for s in _sequences(GAS, 6, seed=10 + dist.get_rank())]
+    out = {"dp": engine.dp_world_size}
+    MaskedHead.with_mask = True
+    try:
+        engine.eval_batch(iter(data), compute_loss=False)
+        out["mask_error"] = None
+    except ValueError as error:
+        out["mask_error"] = str(error)
+    as_is = engine.eval_batch(iter(data), compute_loss=False, reduce_output=None)
+    out["as_is_dtypes"] = [[str(t.dtype) for t in mb] for mb in as_is]
+    MaskedHead.with_mask = False
+    own = engine.eval_batch(iter(data), compute_loss=False, reduce_output=None)
+    own_mean = torch.stack(own).mean(0)
+    both = [torch.zeros_like(own_mean) for _ in range(2)]
+    dist.all_gather(both, own_mean)
+    averaged = engine.eval_batch(iter(data), compute_loss=False)
+    out["avg_err"] = float((averaged - (both[0] + both[1]) / 2).abs().max())
+    return out
+
+
+def test_eval_outputs_average_floats_and_name_an_integer_output():
+    results = run_distributed(_eval_outputs_worker, 2, timeout=120)
+    for rank, r in enumerate(results):
+        assert r["dp"] == 2, r
+        assert r["mask_error"] is not None and "output 1 of the last stage is torch.bool" in r["mask_error"], r
+        assert "reduce_output=None" in r["mask_error"], r
+        # reduce_output=None: every micro-batch's outputs as they are, the mask a mask.
+        assert r["as_is_dtypes"] == [["torch.float32", "torch.bool"]] * GAS, r
+        # Floating outputs: the mean over micro-batches and both replicas.
+        assert r["avg_err"] < 1e-6, f"rank {rank}: {r['avg_err']}"

@@ -1,7 +1,8 @@
 """Pipeline errors, from the script's side: a stage that raises ends every rank with an error
 naming that stage and micro-batch (no hang); a boundary shape that changes between micro-batches
 is named with both shapes; ZeRO stage 2 with a pipeline, a config that disagrees with the module,
-forward/backward/step on a pipeline engine and bad partitions are clear errors."""
+forward/backward/step on a pipeline engine and bad partitions are clear errors; a layer that
+cannot be built on the meta device stops only the partition that needs its count."""
 import os
 import re
 import time
@@ -186,8 +187,31 @@ def _config_errors():
     attempt("not_dividing", lambda: PipelineModule(layer_specs(2), num_stages=3))
     attempt("interleave_gas", lambda: _engine(2, gas=3, virtual_stages=2,
                                               extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
-    attempt("one_stage_virtual", lambda: PipelineModule(layer_specs(2), num_stages=1, virtual_stages=2))
+    # pipeline/schedule.cpp owns the one-stage rule; the engine asks it and keeps its key.
+    attempt("one_stage_virtual", lambda: _engine(1, virtual_stages=2,
+                                                 extra={"pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+    # One chunk per rank is 1F1B's order: any number of micro-batches, as Megatron-LM.
+    attempt("interleave_one_chunk", lambda: _engine(2, gas=3, extra={"pipeline": {"schedule": "interleaved_1f1b"}}))
     attempt("partition_key", lambda: _engine(1, extra={"pipeline": {"partition": "uniform"}}))
+    # A constructor that cannot run on the meta device: only "parameters" needs its count.
+    import logging
+    import torch
+    from zeroshard.pipe import LayerSpec
+
+    class MetaHostile(torch.nn.Linear):
+        def __init__(self, d):
+            super().__init__(d, d)
+            self.scale = float(self.weight.detach().abs().max())  # reads a value: fails on meta
+
+    printed = []
+    handler = logging.Handler()
+    handler.emit = lambda record: printed.append(record.getMessage())
+    logging.getLogger("zeroshard").addHandler(handler)
+    hostile = layer_specs(1) + [LayerSpec(MetaHostile, 48)]
+    attempt("meta_uniform", lambda: PipelineModule(hostile, num_stages=1, partition_method="uniform"))
+    logging.getLogger("zeroshard").removeHandler(handler)
+    out["meta_print"] = "\n".join(m for m in printed if "pipeline partition" in m)
+    attempt("meta_parameters", lambda: PipelineModule(hostile, num_stages=1))
     engine = _engine(1)
     for name in ("forward", "backward", "step"):
         try:
@@ -211,7 +235,13 @@ def test_configuration_errors_name_the_key():
     assert "num_stages 3 must divide the world size 2" in out["not_dividing"]
     assert "gradient_accumulation_steps: got 3" in out["interleave_gas"], out["interleave_gas"]
     assert "expected a multiple of num_stages (2) for schedule interleaved_1f1b" in out["interleave_gas"], out["interleave_gas"]
-    assert "virtual_stages 2 with one pipeline stage" in out["one_stage_virtual"]
+    assert out["one_stage_virtual"].startswith("ValueError: pipeline.virtual_stages: got 2 with num_stages 1, "
+                                               "expected 1 for schedule interleaved_1f1b"), out["one_stage_virtual"]
+    assert out["interleave_one_chunk"] is None, out["interleave_one_chunk"]
+    assert out["meta_uniform"] is None, out["meta_uniform"]
+    assert "'MetaHostile'] ? parameters" in out["meta_print"], out["meta_print"]  # printed, count unknown
+    assert ("partition_method 'parameters' counts each layer's parameters by building it on the meta device; "
+            "layer 4 (MetaHostile) failed there") in out["meta_parameters"], out["meta_parameters"]
     assert "pipeline.partition: got 'uniform', but the PipelineModule was built with partition_method='parameters'" in out["partition_key"]
     for name in ("forward", "backward", "step"):
         assert out[name] and "Only train_batch() and eval_batch()" in out[name]

@@ -5,7 +5,9 @@ with the embedding tied to the unembedding across the first and last stage, grad
 that really clips, 4 micro-batches accumulated per step, activation checkpointing (interval 2
 and 1) in two of the schedules, and eval_batch's loss and outputs afterwards. The model is built the way
 DeepSpeed pipeline scripts build theirs (LayerSpec, TiedLayerSpec, loss_fn, seed_layers,
-initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad]))."""
+initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad])). bf16,
+and fp16 with dynamic loss scaling, at 2 stages x 1 data match the same fp32 reference within
+16-bit roundoff (tolerance stated below)."""
 import os
 
 import pytest
@@ -109,3 +111,73 @@ def test_every_schedule_matches_torch_optim(stages):
             assert r["logits_err"] <= TOL, f"{where}: eval_batch logits differ by {r['logits_err']:.2e}"
             worst = max(r["param_err"], key=r["param_err"].get)
             assert r["param_err"][worst] <= TOL, f"{where}: {worst} differs by {r['param_err'][worst]:.2e}"
+
+
+# ----- 16-bit: bf16, and fp16 with dynamic loss scaling, at 2 stages x 1 data, 1f1b -----
+# The model runs in 16 bits with fp32 master weights; the reference stays fp32. The tolerance is
+# test_zero_parity.py's, for the same reason: bf16 keeps 8 significant bits (unit roundoff
+# 2^-8 = 3.9e-3), so gradients differ from fp32 by about 1%, and Adam, which normalises every
+# coordinate, turns that noise in tiny gradients into moves of up to lr: a worst-element bound
+# would be meaningless. Each loss within 2e-2 relative (about 5 bf16 roundoffs), each gradient
+# norm within 5e-2, and the rank's fp32 masters within 10% of the reference's total movement in
+# L2 (||master - ref|| <= 0.1 ||ref - init||). A wrong stage, scale or step gives errors of order 1.
+HALF_STEPS = 6
+HALF_TOL = {"loss": 2e-2, "norm": 5e-2, "masters": 0.1}
+
+
+def _half(precision):
+    import torch
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import Reference, batches, layer_specs, loss_fn, rank_micro_batches
+
+    specs = layer_specs(4)
+    net = PipelineModule(layers=specs, num_stages=2, loss_fn=loss_fn, seed_layers=True, partition_method="uniform")
+    ref = Reference(specs)
+    initial = {n: ref.named(n).detach().clone() for n, _ in net.named_parameters()}
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+              "zero_optimization": {"stage": 1}, "steps_per_print": 1000,
+              # fp16 at 2^8: no overflow in these steps, so every step is taken at that scale.
+              precision: {"enabled": True, **({"initial_scale_power": 8} if precision == "fp16" else {})}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    data = batches(HALF_STEPS, MICRO, GAS, 1, seed=5)
+    it = rank_micro_batches(data, MICRO, GAS, 0)
+    got = [(float(engine.train_batch(it)), engine.get_global_grad_norm()) for _ in data]
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
+    want = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(ref(x), y)
+        loss.backward()
+        norm = torch.stack([p.grad.double().square().sum() for p in ref.parameters()]).sum().sqrt()
+        opt.step()
+        want.append((float(loss), float(norm)))
+    core, names = engine._core, {id(p): n for n, p in engine.module.named_parameters()}
+    masters = {names[id(engine._params[i])]: core.full_values.get(i, "fp32_param").float().reshape(-1)
+               for i in range(core.num_params)}
+    err = torch.cat([m - ref.named(n).detach().reshape(-1) for n, m in masters.items()]).norm()
+    moved = torch.cat([(ref.named(n).detach() - initial[n]).reshape(-1) for n in masters]).norm()
+    return {"losses": got, "ref": want, "masters": float(err / moved), "steps": engine.global_steps,
+            "skipped": engine.skipped_steps, "scale": engine.get_loss_scale(),
+            "dtype": str(next(engine.module.parameters()).dtype)}
+
+
+def _halves():
+    return {precision: _half(precision) for precision in ("bf16", "fp16")}
+
+
+def test_bf16_and_fp16_pipelines_match_fp32_within_16_bit_roundoff():
+    results = run_distributed(_halves, 2, timeout=180)
+    for rank, by_precision in enumerate(results):
+        for precision, r in by_precision.items():
+            where = f"rank {rank} {precision}"
+            assert r["dtype"] == {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision], where
+            assert r["steps"] == HALF_STEPS and r["skipped"] == 0, f"{where}: {r['steps']} steps, {r['skipped']} skipped"
+            if precision == "fp16":
+                assert r["scale"] == 2.0 ** 8, f"{where}: loss scale {r['scale']}"
+            for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(r["losses"], r["ref"])):
+                assert abs(loss - ref_loss) <= HALF_TOL["loss"] * ref_loss, f"{where} step {step}: loss {loss} vs {ref_loss}"
+                assert abs(norm - ref_norm) <= HALF_TOL["norm"] * ref_norm, f"{where} step {step}: norm {norm} vs {ref_norm}"
+            assert r["masters"] <= HALF_TOL["masters"], f"{where}: masters off by {r['masters']:.3f} of the movement"

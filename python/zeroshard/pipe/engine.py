@@ -30,9 +30,8 @@ class PipelineEngine(ZeroShardEngine):
         try:
             lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
                                               self.module.virtual_stages)
-        except ValueError as error:  # the schedule's own rule (pipeline/schedule.cpp), in config terms
-            raise ValueError(f"gradient_accumulation_steps: got {self._gas}, the schedule's micro-batches "
-                             f"({self._schedule}): {error}") from None
+        except ValueError as error:  # the schedule's own rules (pipeline/schedule.cpp), in config terms
+            raise ValueError(_in_config_terms(str(error), self._gas, self._schedule)) from None
         self._instructions = lists[self.module.stage_id]
         self._schedule_report = report
         # Point-to-point goes over the world (global ranks), whose communicator has the store:
@@ -240,6 +239,20 @@ class PipelineEngine(ZeroShardEngine):
             self._report_stage_failure(error, what)
 
     @contextlib.contextmanager
+    def _stage_failure_reported(self, what):
+        """Around one stage's own work (train_batch's instructions, eval_batch's forwards): an
+        error of this rank's is published in the world's store, so every other rank's error
+        names `what`; a failed sub-group collective gets the world's report instead."""
+        try:
+            yield
+        except _C.CommError as error:
+            self._name_comm_failure(error, what)
+            raise
+        except BaseException as error:
+            self._report_stage_failure(error, what)
+            raise
+
+    @contextlib.contextmanager
     def _named_by_world(self, what):
         try:
             yield
@@ -309,6 +322,24 @@ def _to(part, device):
     if isinstance(part, (tuple, list)):
         return tuple(_to(p, device) for p in part)
     return part.to(device) if torch.is_tensor(part) else part
+
+
+# The arguments of pipeline/schedule.cpp's validate_schedule_args, by the config key each comes
+# from; its messages start "<argument>: got ...".
+# (num_stages comes from the PipelineModule, which checks it first.)
+_SCHEDULE_ARGS = {"num_micro_batches": "gradient_accumulation_steps", "virtual_stages": "pipeline.virtual_stages"}
+
+
+def _in_config_terms(message, gas, schedule):
+    """A schedule rule's error under the config key it is about: the micro-batch rule reads as
+    gradient_accumulation_steps (and says which schedule counts them), the others keep their own
+    argument as its key; anything else passes as it is."""
+    argument, sep, rest = message.partition(": ")
+    if not sep or argument not in _SCHEDULE_ARGS:
+        return message
+    if argument == "num_micro_batches":
+        return f"gradient_accumulation_steps: got {gas}, the schedule's micro-batches ({schedule}): {message}"
+    return f"{_SCHEDULE_ARGS[argument]}: {rest}"
 
 
 def _repeat(loader):

@@ -1,11 +1,8 @@
 """PipelineEngine.eval_batch: forward only. Micro-batch after micro-batch, each through every
 model chunk in order; with no backward to interleave there is nothing to schedule, and the
 chain of sends and receives cannot deadlock (each receive waits only on an earlier stage)."""
-import contextlib
-
 import torch
 
-from zeroshard import _C
 from zeroshard.pipe.p2p import as_tuple
 
 
@@ -29,7 +26,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                 stage = module.global_stage(chunk)
                 what = f"pipeline stage {stage} forward (eval) of micro-batch {mb}"
                 if stage == 0 or stage == last:
-                    with _reported(engine, what):
+                    with engine._stage_failure_reported(what):
                         if batch is None and engine._needs_data():
                             batch = engine._next_micro_batch(data_iter, mb)
                 if stage == 0:
@@ -37,7 +34,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                 else:
                     received = engine._links.receive("activation", stage, mb, engine._grid.stage_to_global((stage - 1) % p))
                     x = received[0] if len(received) == 1 else received
-                with _reported(engine, what):
+                with engine._stage_failure_reported(what):
                     out = module(x, chunk=chunk)
                     if stage == last:
                         logits = out
@@ -54,6 +51,9 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     else:
         output = None
         if holds_last:
+            # Every last-stage replica has the same output dtypes, so all of them refuse here
+            # together, before the data-parallel all-reduce (no replica is left waiting in it).
+            _check_averageable(results[0])
             output = _mean(results)
             if engine.dp_world_size > 1:
                 for t in (output if isinstance(output, tuple) else (output,)):
@@ -69,23 +69,27 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     return output
 
 
-@contextlib.contextmanager
-def _reported(engine, what):
-    """An error of this rank's own is published in the world's store, so every other rank's error
-    names it; a failed sub-group collective gets the world's report (engine._name_comm_failure)."""
-    try:
-        yield
-    except _C.CommError as error:
-        engine._name_comm_failure(error, what)
-        raise
-    except BaseException as error:
-        engine._report_stage_failure(error, what)
-        raise
+def _check_averageable(result):
+    """reduce_output="avg" takes the mean of each output over micro-batches and data-parallel
+    ranks, which only a floating (or complex) tensor has: a mask or token ids averaged would come
+    back as fractions. Such an output is refused by its index (DeepSpeed fails on it in an
+    in-place division with no name)."""
+    outputs = result if isinstance(result, (tuple, list)) else (result,)
+    for index, t in enumerate(outputs):
+        if not torch.is_tensor(t):
+            raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
+                             f"{type(t).__name__}, expected tensors to average; pass reduce_output=None "
+                             "for every micro-batch's outputs as they are")
+        if not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
+                             f"{t.dtype} (a mask or indices has no mean), expected floating outputs "
+                             "only; pass reduce_output=None for every micro-batch's outputs as they are, "
+                             "or return only floating tensors from the last layer")
 
 
 def _mean(results):
     """The mean over micro-batches of the losses or outputs (a tuple of tensors averaged element
-    by element), in their own dtype."""
+    by element), in their own floating dtype (_check_averageable has refused any other)."""
     if isinstance(results[0], (tuple, list)):
         return tuple(_mean([r[i] for r in results]) for i in range(len(results[0])))
     return (torch.stack([r.detach() for r in results]).sum(0) / len(results)).contiguous()

@@ -3,9 +3,7 @@ checked there: pipeline/schedule.h). Each instruction is one method here; the st
 them is per (micro-batch, model chunk): the stage's input, its output, and the gradients that
 arrive for the output or leave for the input. A compute instruction that raises is reported
 through the world communicator before it propagates, so every rank's error names the stage and
-the micro-batch (see _reported)."""
-import contextlib
-
+the micro-batch (see PipelineEngine._stage_failure_reported)."""
 import torch
 
 from zeroshard import _C
@@ -65,17 +63,9 @@ class TrainStep:
                 observer.instruction(op, mb, chunk, start, end)
         self.links.finish()
 
-    @contextlib.contextmanager
     def _reported(self, op, mb, chunk):
         stage = self.module.global_stage(chunk)
-        try:
-            yield
-        except _C.CommError as error:
-            self.engine._name_comm_failure(error, f"pipeline stage {stage} {op} of micro-batch {mb}")
-            raise
-        except BaseException as error:
-            self.engine._report_stage_failure(error, f"pipeline stage {stage} {op} of micro-batch {mb}")
-            raise
+        return self.engine._stage_failure_reported(f"pipeline stage {stage} {op} of micro-batch {mb}")
 
     def _peer(self, peer):
         return self.engine._grid.stage_to_global(peer)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from zeroshard import _C
 from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm
-from zeroshard.log import log_rank0
+from zeroshard.log import all_ranks_log, log_rank0
 from zeroshard.pipe.layers import LayerSpec, TiedLayerSpec
 from zeroshard.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 
@@ -31,6 +31,16 @@ def _trainable_count(layer):
     if not isinstance(layer, torch.nn.Module):
         return 0
     return sum(p.numel() for p in layer.parameters() if p.requires_grad)
+
+
+def _count_for_log(layer):
+    """A layer's trainable parameters for the partition print, or None: a constructor that cannot
+    run on the meta device (it reads a value, calls .item()) must not stop a start-up whose
+    partition never needed the count."""
+    try:
+        return _trainable_count(layer)
+    except Exception:  # noqa: BLE001 - any failure only leaves the printed count unknown
+        return None
 
 
 def partition_layers(layers, parts, method="parameters", counts=None):
@@ -101,9 +111,8 @@ class PipelineModule(torch.nn.Module):
                              f"world has {world}")
         if int(virtual_stages) < 1:
             raise ValueError(f"PipelineModule: virtual_stages {virtual_stages}, expected >= 1")
-        if int(virtual_stages) > 1 and topology.get_dim("pipe") == 1:
-            raise ValueError(f"PipelineModule: virtual_stages {virtual_stages} with one pipeline stage; "
-                             "model chunks interleave over several stages (use virtual_stages=1)")
+        # Which (stages, virtual_stages) a schedule runs is pipeline/schedule.cpp's rule alone:
+        # the engine asks it (_C.pipeline.build) with the schedule and the micro-batches.
         self._topo = topology
         self._grid = PipelineParallelGrid(topology)
         self.global_rank = rank
@@ -185,17 +194,33 @@ class PipelineModule(torch.nn.Module):
         return partition_layers(self._layer_specs, parts, method, counts)
 
     def _layer_counts(self):
-        """Each layer's trainable parameters (a LayerSpec built once on the meta device to count)."""
+        """Each layer's trainable parameters (a LayerSpec built once on the meta device to count),
+        which partition_method "parameters" weighs the layers by."""
         if getattr(self, "_counts", None) is None:
-            self._counts = [_trainable_count(layer) for layer in self._layer_specs]
+            counts = []
+            for idx, layer in enumerate(self._layer_specs):
+                try:
+                    counts.append(_trainable_count(layer))
+                except Exception as error:  # noqa: BLE001 - named and re-raised as the user's
+                    raise ValueError(f"PipelineModule: partition_method 'parameters' counts each layer's "
+                                     f"parameters by building it on the meta device; layer {idx} "
+                                     f"({_layer_name(layer)}) failed there: {type(error).__name__}: {error}. "
+                                     "Use partition_method 'uniform' or 'type:<regex>'") from error
+            self._counts = counts
         return self._counts
 
     def _log_partition(self):
+        if self.global_rank != 0 and not all_ranks_log():
+            return  # only rank 0 prints it: no rank builds layers on meta for nothing
+        # "parameters" has counted already; the other methods need no count, so the print's
+        # builds may fail (an unknown count, "?") without failing start-up.
+        counts = (self._counts if getattr(self, "_counts", None) is not None
+                  else [_count_for_log(layer) for layer in self._layer_specs])
         lines = []
         for s in range(self.num_global_stages):
             lo, hi = self.parts[s], self.parts[s + 1]
             names = [_layer_name(layer) for layer in self._layer_specs[lo:hi]]
-            count = sum(self._layer_counts()[lo:hi])
+            count = "?" if None in counts[lo:hi] else sum(counts[lo:hi])
             where = f"rank {s % self.num_stages}" + (f" chunk {s // self.num_stages}" if self.virtual_stages > 1 else "")
             lines.append(f"  stage {s} ({where}): layers {lo}-{hi - 1} {names} {count} parameters")
         log_rank0(f"pipeline partition by {self.partition_method!r} over {self.num_global_stages} "

@@ -25,15 +25,21 @@ struct Scenario {
   PipelineShape shape;
 };
 
-// Stages 1-8 and micro-batches 1-32; virtual stages 1-4 for interleaved_1f1b where
-// m % p == 0 (what it accepts), 1 for the others.
+// Stages 1-8 and micro-batches 1-32; virtual stages 1-4 for interleaved_1f1b, 1 for the others.
+// What interleaved_1f1b accepts (validate_schedule_args): v = 1 at any p and m; v > 1 with p > 1
+// and m % p == 0.
+bool interleaved_accepts(const PipelineShape& s) {
+  return s.virtual_stages == 1 || (s.num_stages > 1 && s.num_micro_batches % s.num_stages == 0);
+}
+
 std::vector<Scenario> scenarios(ScheduleKind kind) {
   std::vector<Scenario> out;
   const int max_virtual = kind == ScheduleKind::interleaved_1f1b ? 4 : 1;
   for (int p = 1; p <= 8; ++p)
     for (int m = 1; m <= 32; ++m)
       for (int v = 1; v <= max_virtual; ++v)
-        if (kind != ScheduleKind::interleaved_1f1b || m % p == 0) out.push_back({kind, {p, m, v}});
+        if (kind != ScheduleKind::interleaved_1f1b || interleaved_accepts({p, m, v}))
+          out.push_back({kind, {p, m, v}});
   return out;
 }
 
@@ -172,8 +178,9 @@ TEST_CASE("a rank's list is its part of the whole schedule") {
 TEST_CASE("a rank loads each micro-batch once, in order, even holding the first and last stage") {
   // The executor files the data iterator's next micro-batch under each load, so a second load of
   // one micro-batch on a rank would read another micro-batch's data.
-  for (const PipelineShape& shape : {PipelineShape{1, 4, 1}, PipelineShape{1, 4, 3},
-                                     PipelineShape{2, 4, 2}, PipelineShape{3, 6, 1}}) {
+  // One stage holds both (v = 1 there: interleaving needs several stages).
+  for (const PipelineShape& shape : {PipelineShape{1, 4, 1}, PipelineShape{2, 4, 2},
+                                     PipelineShape{3, 6, 1}, PipelineShape{4, 8, 3}}) {
     const ScheduleKind kind =
         shape.virtual_stages > 1 ? ScheduleKind::interleaved_1f1b : ScheduleKind::one_f_one_b;
     CAPTURE(shape.num_stages, shape.num_micro_batches, shape.virtual_stages);
@@ -211,11 +218,27 @@ TEST_CASE("bad arguments name the argument and what is allowed") {
              Contains("virtual_stages: got 2") && Contains("expected 1 for schedule zero_bubble") &&
                  Contains("interleaved_1f1b"));
   CHECK_THAT(error(ScheduleKind::interleaved_1f1b, {4, 6, 2}),
-             Contains("num_micro_batches: got 6") && Contains("multiple of num_stages (4)"));
+             Contains("num_micro_batches: got 6") && Contains("multiple of num_stages (4)") &&
+                 Contains("virtual_stages 2"));
+  // The one owner of the rule (PipelineModule no longer checks it; the engine asks here).
+  CHECK_THAT(error(ScheduleKind::interleaved_1f1b, {1, 4, 2}),
+             Contains("virtual_stages: got 2 with num_stages 1") && Contains("expected 1"));
   CHECK_THAT(error(ScheduleKind::one_f_one_b, {4, 8, 1}, 4),
              Contains("rank: got 4") && Contains("0..3"));
   REQUIRE_THROWS_WITH(memory_bound(ScheduleKind::gpipe, {2, 4, 1}, -1),
                       Contains("rank: got -1") && Contains("0..1"));
+}
+
+TEST_CASE("interleaved_1f1b with one chunk per rank is 1F1B, at any number of micro-batches") {
+  // Megatron-LM runs its plain 1F1B when no virtual pipeline size is set, with no m % p rule; a
+  // config that names interleaved_1f1b and leaves virtual_stages at its default 1 gets the same.
+  for (const PipelineShape& shape : {PipelineShape{2, 3, 1}, PipelineShape{4, 6, 1},
+                                     PipelineShape{3, 1, 1}, PipelineShape{1, 5, 1}}) {
+    CAPTURE(shape.num_stages, shape.num_micro_batches);
+    REQUIRE(build_all_schedules(ScheduleKind::interleaved_1f1b, shape) ==
+            build_all_schedules(ScheduleKind::one_f_one_b, shape));
+    built_and_checked(ScheduleKind::interleaved_1f1b, shape);
+  }
 }
 
 TEST_CASE("schedule names: one list, parsed both ways, named in the error") {

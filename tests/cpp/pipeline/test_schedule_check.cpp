@@ -249,9 +249,9 @@ TEST_CASE("the checker holds the lists to what the executor reads") {
        "expected micro-batch 0 (the executor gives each load the data iterator's next "
        "micro-batch)"},
       {"batches: one load per micro-batch and rank, first and last stage on one rank",
-       ScheduleKind::interleaved_1f1b, {1, 2, 2},
-       [](Lists& l) { l[0].insert(l[0].begin() + index_of(l[0], forward(0, 1)), load(0, 1)); },
-       "(load_micro_batch micro-batch 0 chunk 1): loads the micro-batch twice on this rank"},
+       ScheduleKind::one_f_one_b, {1, 2, 1},
+       [](Lists& l) { l[0].insert(l[0].begin() + index_of(l[0], forward(1)), load(0)); },
+       "(load_micro_batch micro-batch 0 chunk 0): loads the micro-batch twice on this rank"},
       {"batches: the labels before the last stage's forward", ScheduleKind::one_f_one_b,
        {2, 2, 1}, [](Lists& l) { move_after(l[1], load(1), forward(1)); },
        "(forward micro-batch 1 chunk 0): runs before its micro-batch is loaded"},
