@@ -51,7 +51,21 @@ CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, uint64_t seq, std::strin
       monitor_(std::move(monitor)),
       device_async_(device_async),
       point_to_point_(point_to_point),
-      op_(std::move(op)) {}
+      op_(std::move(op)) {
+  // A host backend completes a collective on its own thread, and the caller may wait for it much
+  // later (a prefetched gather): the future's callback notes when it finished, so the trace and
+  // the comms logger see the collective's own time. Not NCCL (its future completes with stream
+  // semantics, at issue) nor Gloo's send/recv (no future).
+  if (op_.issued_ns == 0 || !work_ || device_async_ || point_to_point_) return;
+  try {
+    auto finished = std::make_shared<std::atomic<int64_t>>(0);
+    work_->getFuture()->addCallback(
+        [finished](c10::ivalue::Future&) { finished->store(trace::now_ns()); });
+    finished_ns_ = std::move(finished);
+  } catch (const std::exception&) {
+    // A Work without a future: its end is when wait() returns.
+  }
+}
 
 void CommWork::wait() {
   if (!work_) return;
@@ -67,13 +81,15 @@ void CommWork::record_finished(int64_t wait_start_ns) const {
   // device's own timing is the profiler's business; on host backends it is the completion.
   const int64_t end_ns = trace::now_ns();
   if (trace::timing()) trace::add_blocked_ns(end_ns - wait_start_ns);
+  const int64_t finished_ns = finished_ns_ ? finished_ns_->load() : 0;
+  const int64_t done_ns = finished_ns > 0 ? std::min(finished_ns, end_ns) : end_ns;
   CommStats::global().record(op_.kind, op_.what, op_.bytes, op_.world_size,
-                             double(end_ns - op_.issued_ns) / 1e6);
+                             double(done_ns - op_.issued_ns) / 1e6);
   if (!trace::on()) return;
   const std::string args = detail::cat("\"seq\": ", seq_, ", \"op\": \"", op_.kind, "\", \"bytes\": ",
                                        op_.bytes, ", \"group\": \"", op_.group, "\", \"group_size\": ",
                                        op_.world_size);
-  trace::span("comm", what_, op_.issued_ns, end_ns, args);
+  trace::span("comm", what_, op_.issued_ns, done_ns, args);
   // The part of it this thread spent blocked: exposed communication, what overlap did not hide.
   trace::span("wait", detail::cat("wait #", seq_, " ", op_.kind), wait_start_ns, end_ns, args);
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -60,6 +61,9 @@ class CommWork {
   bool device_async_ = false;
   bool point_to_point_ = false;
   CommOp op_;
+  // When a host backend's thread finished it (its future's callback), 0 until then; null where
+  // nothing records or the backend has no future.
+  std::shared_ptr<std::atomic<int64_t>> finished_ns_;
 };
 
 class Comm {

@@ -70,6 +70,12 @@ void bind_observability(py::module_& m) {
       out.emplace_back(std::string(1, e.phase), e.category, e.name, e.start_ns, e.duration_ns, e.track, e.args);
     return out;
   });
+  // Python's events (module spans, pipeline instructions, process memory) join the runtime's
+  // buffer, so max_events bounds them all.
+  t.def("span", [](const std::string& category, std::string name, int64_t start_ns, int64_t end_ns,
+                   std::string args) { trace::span(category.c_str(), std::move(name), start_ns, end_ns, std::move(args)); },
+        py::arg("category"), py::arg("name"), py::arg("start_ns"), py::arg("end_ns"), py::arg("args") = "");
+  t.def("counter", &trace::counter, py::arg("name"), py::arg("args"));
   t.def("set_timing", &trace::set_timing, py::arg("on"));
   m.def("format_bytes", &format_bytes, py::arg("bytes"));  // "1.5MB", as the memory summaries
   t.def("blocked_ns", &trace::blocked_ns);

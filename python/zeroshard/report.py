@@ -140,10 +140,20 @@ def summarize(events, top=5):
     return "\n".join(lines)
 
 
-def plot_memory(events, out_dir):
-    import matplotlib
+def _pyplot():
+    """matplotlib's pyplot, headless; its absence is said with the fix (the summary needs none)."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise SystemExit("zeroshard-report: drawing the PNGs needs the matplotlib package, which is "
+                         "not installed: pip install matplotlib (or pip install zeroshard[report])") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_memory(events, out_dir):
+    plt = _pyplot()
     written = []
     for rank, evs in _by_rank(events).items():
         samples = sorted((e for e in evs if e["ph"] == "C" and e["name"] == "model state bytes"),
@@ -187,9 +197,7 @@ def plot_memory(events, out_dir):
 def plot_timeline(events, out_dir):
     """Every rank's phases, collectives in flight and waits, one band each: a headless picture of
     what Perfetto shows."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     ranks = _by_rank(events)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 1.1 * len(ranks)))
     colors = {"forward": "tab:blue", "backward": "tab:orange", "step": "tab:green"}

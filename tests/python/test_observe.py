@@ -253,15 +253,17 @@ def test_a_pipelines_instructions_are_traced(tmp_path, capfd):
     assert [int(step) for step, _ in rows] == [8, 16, 24], rows
 
 
-def _nesting_worker(root):
+def _nesting_worker(root, max_events=None):
     import torch
     import zeroshard
     # Containers whose output is their last child's: their backward spans begin at the same node.
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(8, 8)))
     config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
               "zero_optimization": {"stage": 3}, "trace": {"enabled": True, "output_path": root, "steps": [2]}}
+    if max_events is not None:
+        config["trace"].update(max_events=max_events, steps=list(range(2, 41)))
     engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
-    for _ in range(2):
+    for _ in range(2 if max_events is None else 40):  # capped: a window past max_events
         loss = engine(torch.randn(2, 8)).sum()
         engine.backward(loss)
         engine.step()
@@ -274,6 +276,21 @@ def test_the_backward_spans_of_nested_containers_nest(tmp_path):
     backward = {e["name"] for e in events if e.get("cat") == "module" and e["name"].startswith("backward ")}
     assert {"backward Sequential", "backward 1", "backward 1.1"} <= backward, backward
     assert _nested(events) is None, _nested(events)
+
+
+def test_max_events_bounds_the_module_spans_and_the_runtimes_events_together(tmp_path):
+    run_distributed(_nesting_worker, 1, str(tmp_path), 1000, timeout=120)
+    with open(tmp_path / "trace_rank0.json") as f:
+        trace = json.load(f)
+    kept = [e for e in trace["traceEvents"] if e["ph"] not in ("M", "e")]  # a collective: b and e
+    assert len(kept) == 1000 and trace["otherData"]["dropped_events"] > 0, (len(kept), trace["otherData"])
+
+
+def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch):
+    from zeroshard import report
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit, match=r"needs the matplotlib package.*pip install matplotlib"):
+        report.plot_memory([], "/nonexistent")
 
 
 def test_trace_steps_from_the_environment_are_checked(monkeypatch):

@@ -137,8 +137,6 @@ class Trace:
         self._max_events = int(block.get("max_events") or 2_000_000)
         self._module, self._memory, self._comm = module, memory, all_ranks_comm
         self._rank, self._world = rank, world_size
-        self._events = []  # this side's: (phase, category, name, start_ns, duration_ns, track, args)
-        self._dropped = 0  # this side's events over max_events
         self._spans = None
         self._t0 = None
         self._done = False
@@ -149,15 +147,8 @@ class Trace:
         return self._spans is not None
 
     def record(self, category, name, start_ns, end_ns, args=""):
-        if self._spans is not None:
-            self._keep(("X", category, name, start_ns, end_ns - start_ns, _C.trace.track(), args))
-
-    def _keep(self, event):
-        # This side's events count against max_events with the runtime's.
-        if len(self._events) < self._max_events:
-            self._events.append(event)
-        else:
-            self._dropped += 1
+        if self._spans is not None:  # into the runtime's one buffer, which max_events bounds
+            _C.trace.span(category, name, start_ns, end_ns, args)
 
     # ----- the traced window -----
     def step_begins(self, step):
@@ -178,26 +169,22 @@ class Trace:
     def _start(self):
         self._comm().barrier("trace start")  # every rank's clock starts at the same moment
         self._t0 = _C.trace.now_ns()
-        self._events, self._dropped = [], 0
         _C.trace.start(self._max_events)
         self._memory.trace_sample()
         self._spans = _ModuleSpans(self._module, self.record)
 
     def sample_process(self):
         if self.recording:
-            self._keep(("C", "memory", "process bytes", _C.trace.now_ns(), 0, _C.trace.track(),
-                        f'"resident": {_rss_bytes()}' + (
-                            f', "torch_allocated": {torch.cuda.memory_allocated()}'
-                            if torch.cuda.is_available() else "")))
+            _C.trace.counter("process bytes", f'"resident": {_rss_bytes()}' + (
+                f', "torch_allocated": {torch.cuda.memory_allocated()}' if torch.cuda.is_available() else ""))
 
     def _finish(self, merge):
         self._spans.remove()
         self._spans = None
         _C.trace.stop()
-        events = sorted(_C.trace.drain() + self._events, key=lambda e: e[3])
-        self._events = []
+        events = sorted(_C.trace.drain(), key=lambda e: e[3])
         self._done = True
-        dropped = _C.trace.dropped() + self._dropped
+        dropped = _C.trace.dropped()
         os.makedirs(self._dir, exist_ok=True)
         mine = to_chrome(events, self._rank, self._t0)
         path = os.path.join(self._dir, f"trace_rank{self._rank}.json")
