@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import backends, runner
 from .backends import Job
-from .check_report import (COLUMNS, Cell, backend_of, classify_ssh_failure, device_cell, failed, failures,
+from .check_report import (COLUMNS, LEGEND, Cell, backend_of, classify_ssh_failure, device_cell, failed, failures,
                            memory_cell, not_run, nvme_cell, passed, render, version_cells)
 from .envfile import EnvFileError, collect_exports
-from .host_memory import host_bytes_by_ranks_per_node, nvme_paths
+from .host_memory import MemoryPlan, host_bytes_by_ranks_per_node, nvme_paths
 from .hostfile import HostfileError, select_resources
 
 AGENT_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_agent.py")
@@ -137,15 +137,14 @@ def parallel(fn, items: list) -> list:
 
 class Check:
     def __init__(self, args: argparse.Namespace, resources: dict[str, list[int]], config: dict, job: Job,
-                 remote: bool, host_need: tuple[dict[int, int] | None, str]):
+                 remote: bool, memory: MemoryPlan):
         self.args, self.resources, self.config, self.job, self.remote = args, resources, config, job, remote
         self.hosts = list(resources)
         self.cells: dict[str, dict[str, Cell]] = {h: {c: not_run() for c in COLUMNS} for h in self.hosts}
         self.probes: dict[str, dict] = {}
         self.agents: dict[str, Agent] = {}
-        # {ranks on a host: host bytes it needs} (None: not planned), and the note that says which
-        self.host_need, memory_note = host_need
-        self.notes: list[str] = [memory_note]
+        self.memory = memory
+        self.notes: list[str] = [LEGEND, memory.note]
 
     def start_agent(self, host: str) -> Agent:
         with open(AGENT_SOURCE_PATH, encoding="utf-8") as f:
@@ -205,8 +204,8 @@ class Check:
             cells, ranks = self.cells[host], len(self.resources[host])
             cells["versions"] = versions[host]
             cells["devices"] = device_cell(probe, self.resources[host])
-            need = None if self.host_need is None else self.host_need[ranks]
-            cells["memory"] = memory_cell(probe, ranks, need)
+            need = None if self.memory.need is None else self.memory.need[ranks]
+            cells["memory"] = memory_cell(probe, ranks, need, self.memory.error)
             cells["nvme"] = nvme_cell(probe, nvme_paths(self.config))
 
     def live(self) -> list[str]:
@@ -276,6 +275,10 @@ class Check:
                                                   f"here, {others}): GPU and CPU-only hosts mixed")
             return
         left_out = [h for h in self.hosts if h not in hosts]
+        if left_out and len(hosts) < 2:  # an all-reduce of one process proves nothing across hosts
+            self.notes.append(f"backend: skipped: only {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
+                              f"reachable ({', '.join(left_out)} could not take part)")
+            return
         if left_out:
             self.notes.append(f"backend: the all-reduce ran over {len(hosts)} of {len(self.hosts)} hosts "
                               f"({', '.join(left_out)} could not take part)")
@@ -376,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         resources = select_resources(pool, args.include, args.exclude, args.num_nodes, args.num_gpus)
         config = load_config(args.config)
         try:
-            host_need = host_bytes_by_ranks_per_node(config, args.num_params,
-                                                     [len(s) for s in resources.values()])
+            memory = host_bytes_by_ranks_per_node(config, args.num_params, [len(s) for s in resources.values()])
         except ValueError as e:
             raise runner.LaunchError(f"--config {args.config or '(none)'}: {e}") from None
         remote = len(resources) > 1 or args.force_multi
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     except (runner.LaunchError, HostfileError, EnvFileError, OSError) as e:
         print(f"zeroshard check: {e}", file=sys.stderr)
         return 2
-    return Check(args, resources, config, job, remote, host_need).run()
+    return Check(args, resources, config, job, remote, memory).run()
 
 
 if __name__ == "__main__":

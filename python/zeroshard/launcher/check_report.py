@@ -128,9 +128,18 @@ def device_cell(probe: dict, slots: list[int]) -> Cell:
     return passed(f"gpu {len(slots)}/{gpus}")
 
 
-def memory_cell(probe: dict, ranks_on_host: int, need_bytes: int | None) -> Cell:
+# Printed under the table: what a cell that is neither a pass nor a failure means.
+LEGEND = ("cells: ok = passed; FAIL = failed (the reason is below); - = not run (not applicable, or a "
+          "check it needs failed; a note says which); not planned = the memory check was skipped (no "
+          "--num_params): it neither passes nor fails")
+
+
+def memory_cell(probe: dict, ranks_on_host: int, need_bytes: int | None, planner_error: str = "") -> Cell:
     """need_bytes: the planner's host memory for this host's ranks; None when it was not planned
-    (the output's notes say why), which neither passes nor fails."""
+    (the output's notes say why): a skip, which neither passes nor fails. planner_error: the
+    planner itself failed, which fails the check."""
+    if planner_error:
+        return failed("planner", planner_error)
     if need_bytes is None:
         return Cell(None, "not planned")
     have = probe.get("mem_available_bytes", 0)

@@ -2,19 +2,34 @@
 # planner (zeroshard.planner, the one owner of that arithmetic) counts it, and the NVMe paths to probe.
 from __future__ import annotations
 
+from dataclasses import dataclass
 
-def host_bytes_by_ranks_per_node(config: dict, num_params: float | None,
-                                 ranks_per_node: list[int]) -> tuple[dict[int, int] | None, str]:
-    """({ranks on a node: host bytes the node needs}, a note for the output), or (None, why not)
-    when the need cannot be planned. A config the planner rejects raises its ValueError."""
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the memory column checks against: need ({ranks on a host: host bytes the node needs},
+    None when not planned: the check is skipped), the note printed under the table, and error
+    (set when the planner itself failed: every host's memory check fails, naming it)."""
+    need: dict[int, int] | None
+    note: str
+    error: str = ""
+
+
+def host_bytes_by_ranks_per_node(config: dict, num_params: float | None, ranks_per_node: list[int]) -> MemoryPlan:
+    """The host memory each node needs for `config`, as the planner counts it. Not planned without
+    num_params or without torch on this machine; a config the planner rejects raises its
+    ValueError (the user's to fix); any other failure of the planner is an error of the check."""
     if num_params is None:
-        return None, ("memory: not planned: pass --num_params (the model's parameter count, e.g. 7e9) to "
-                      "check each host's MemAvailable against the planned setup")
+        return MemoryPlan(None, "memory: skipped (not planned): pass --num_params (the model's parameter count, "
+                                "e.g. 7e9) to check each host's MemAvailable against the planned setup")
     try:
         # Here, not at the top: the launcher package imports without torch; the planner needs it.
         from zeroshard.planner import host_bytes_per_node
     except ImportError as e:
-        return None, f"memory: not planned: the planner cannot be imported on this machine ({e})"
+        if e.name == "torch":
+            return MemoryPlan(None, f"memory: skipped (not planned): the planner needs torch, which this "
+                                    f"machine cannot import ({e})")
+        return _failed(e)
     world, need = sum(ranks_per_node), {}
     try:
         for ranks in set(ranks_per_node):
@@ -23,11 +38,16 @@ def host_bytes_by_ranks_per_node(config: dict, num_params: float | None,
             else:  # the planner's nodes are alike: count this host as `ranks` one-rank nodes of the world
                 need[ranks] = ranks * host_bytes_per_node(config, int(num_params), 1, world)
     except ValueError:
-        raise  # the config or the count: the user's to fix
-    except Exception as e:  # the table must still come: say the memory could not be planned, and why
-        return None, f"memory: not planned: the planner failed ({type(e).__name__}: {e})"
-    return need, (f"memory: planned by zeroshard.planner for {num_params:g} parameters over "
-                  f"{world} rank{'s' if world != 1 else ''}")
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug of the planner: the table still comes, with it named
+        return _failed(e)
+    return MemoryPlan(need, f"memory: planned by zeroshard.planner for {num_params:g} parameters over "
+                            f"{world} rank{'s' if world != 1 else ''}")
+
+
+def _failed(e: BaseException) -> MemoryPlan:
+    why = f"the planner failed ({type(e).__name__}: {e}), so the host memory could not be checked"
+    return MemoryPlan(None, f"memory: {why}", why)
 
 
 def _device(block: dict) -> str:

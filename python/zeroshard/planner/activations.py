@@ -1,7 +1,8 @@
 """Activation memory of a decoder: the bytes autograd keeps for backward, per micro-batch, with and
 without activation checkpointing. Counted tensor by tensor for fused kernels (flash attention,
 whose output is laid out for the projection; a norm keeps its input and per-token statistics),
-and checked against torch's own saved tensors for examples/gpt.py (tests/python/test_plan.py)."""
+and checked against torch's own saved tensors for examples/gpt.py
+(tests/python/test_plan_activations.py)."""
 from dataclasses import dataclass
 
 from zeroshard.planner.model import Decoder

@@ -5,6 +5,7 @@ import sys
 
 from zeroshard.planner.model import Decoder, decoder_from_hf
 from zeroshard.planner.plan import plan
+from zeroshard.planner.states import DEFAULT_OPTIMIZER
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gradient-accumulation-steps", type=int, default=1)
     r.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
                    help="default: the --config's bf16 / fp16 blocks, else bf16")
-    r.add_argument("--optimizer", help="when --config names none (default AdamW)")
+    r.add_argument("--optimizer", help=f"when --config names none (default {DEFAULT_OPTIMIZER})")
     r.add_argument("--config", help="a ds_config.json whose other keys the setups keep")
-    r.add_argument("--pipeline-stages", default="1", help="comma-separated stage counts to consider (default 1)")
+    r.add_argument("--pipeline-stages", default="1",
+                   help="comma-separated stage counts to consider, e.g. 1,2,4 (default 1)")
     h = p.add_argument_group("hardware")
     h.add_argument("--gpus-per-node", type=int, required=True)
     h.add_argument("--nodes", type=int, default=1)
@@ -65,6 +67,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         stages = [int(s) for s in args.pipeline_stages.split(",")]
+    except ValueError:
+        parser.error(f"--pipeline-stages: got {args.pipeline_stages!r}, expected comma-separated integers "
+                     ">= 1 such as 1,2,4")
+    try:
         result = plan(_model(args, parser), gpus_per_node=args.gpus_per_node, nodes=args.nodes,
                       device_memory=args.device_memory, host_memory=args.host_memory, nvme_space=args.nvme,
                       micro_batch=args.micro_batch, seq_len=args.seq_len,

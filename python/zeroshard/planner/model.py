@@ -58,16 +58,24 @@ class ModelSpec:
     # num_stages x virtual_stages model chunks (PipelineModule.parts).
     pipeline_stages: int = 0
     pipeline_parts: list | None = None
+    # Tensors a pipeline holds in more than one layer (a tied embedding, TiedLayerSpec): tensor
+    # index -> the other layers; every stage holding one of them keeps its own copy.
+    tied_layers: dict = field(default_factory=dict)
 
     @property
     def total_numel(self) -> int:
         return sum(self.numels)
 
-    def largest_module_numel(self) -> int:
-        """Most elements one module owns directly (what ZeRO-3 gathers at once at least)."""
+    def layers_of(self, index: int) -> list:
+        """The pipeline layers that hold tensor `index`."""
+        return [self.layer_of[index], *self.tied_layers.get(index, ())]
+
+    def largest_module_numel(self, tensors=None) -> int:
+        """Most elements one module owns directly (what ZeRO-3 gathers at once at least), among
+        the tensors at `tensors` (None: all)."""
         per = {}
-        for n, m in zip(self.numels, self.modules):
-            per[m] = per.get(m, 0) + n
+        for i in range(len(self.numels)) if tensors is None else tensors:
+            per[self.modules[i]] = per.get(self.modules[i], 0) + self.numels[i]
         return max(per.values(), default=0)
 
 
@@ -88,6 +96,8 @@ def spec_from_decoder(dec: Decoder, name: str = "") -> ModelSpec:
     # As a pipeline's layer list: the embedding, each decoder layer, the final norm and head.
     s.num_layers = dec.layers + 2
     s.layer_of = [_decoder_layer(m, dec.layers) for m in s.modules]
+    if dec.tie_embeddings:  # the head's stage holds the token embedding as well
+        s.tied_layers = {0: [dec.layers + 1]}
     return s
 
 
@@ -196,8 +206,15 @@ def spec_from_layers(layers, name: str = "") -> ModelSpec:
     tensors tagged with its index. LayerSpecs are built on the meta device."""
     import torch
     from zeroshard.pipe.layers import LayerSpec
+    from zeroshard.pipe.layers import TiedLayerSpec
     s = ModelSpec(name or "layers", layer_of=[])
+    tied = {}  # TiedLayerSpec key -> the indices of the tensors its first layer added
     for i, layer in enumerate(layers):
+        if isinstance(layer, TiedLayerSpec) and layer.key in tied:
+            for t in tied[layer.key]:  # the same module again: built once per rank
+                s.tied_layers.setdefault(t, []).append(i)
+            continue
+        first = len(s.numels)
         if isinstance(layer, LayerSpec):
             with torch.device("meta"):
                 layer = layer.build()
@@ -205,6 +222,8 @@ def spec_from_layers(layers, name: str = "") -> ModelSpec:
             for n, p in _trainable(layer):
                 _add(s, f"{i}.{n}", *p.shape)
                 s.layer_of.append(i)
+        if isinstance(layers[i], TiedLayerSpec):
+            tied[layers[i].key] = range(first, len(s.numels))
     s.num_layers = len(layers)
     return s
 

@@ -65,13 +65,15 @@ class Plan:
                 "GPU total", "host/node", "nvme/node", "net/step", "offload/step", "fits")
         body = []
         for r in self.rows:
-            b = r.bytes
-            node = hw.gpus_per_node
+            # One stage's columns, the one whose GPU total is shown: with checkpointing ("ckpt")
+            # the heaviest checkpointed stage, which can differ from the heaviest without.
+            shown = r.heaviest(r.fit(hw) == "ckpt")
+            b, node = shown.bytes, hw.gpus_per_node
             body.append((r.setup.name(), gib(b["parameters"]), gib(b["gradients"]), gib(b["master_weights"]),
                          gib(b["optimizer_state"]), gib(b["gathered_parameters"]), gib(b["comm_buffers"]),
-                         gib(r.activations), gib(r.activations_ckpt),
-                         gib(r.device_total(r.fit(hw) == "ckpt")), gib(r.host_total() * node),
-                         gib(b["nvme"] * node), gib(r.network_bytes), gib(r.offload_bytes), r.fit(hw)))
+                         gib(shown.activations), gib(shown.activations_ckpt),
+                         gib(shown.device_total(r.fit(hw) == "ckpt")), gib(r.host_total() * node),
+                         gib(r.nvme_total() * node), gib(r.network_bytes), gib(r.offload_bytes), r.fit(hw)))
         widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
         fmt = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                       for i, (c, w) in enumerate(zip(cells, widths)))
@@ -143,11 +145,10 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
     if "train_batch_size" in base:
         notes.append("train_batch_size is left out of the written config (the world differs per setup); "
                      "train_micro_batch_size_per_gpu and gradient_accumulation_steps give the batch")
+    pipeline_stages = _runnable_stages(pipeline_stages, spec, hw, notes)
     rows = []
     for setup in candidate_setups(pipeline_stages, nvme=hw.nvme_bytes is not None):
         pp = setup.pipeline_stages
-        if hw.gpus % pp or (pp > 1 and pp > spec.num_layers):
-            continue
         # A pipeline runs at least as many micro-batches as stages, or it is all bubble.
         micro_batches = max(gradient_accumulation_steps, pp) if pp > 1 else gradient_accumulation_steps
         cfg = setup_config(setup, base, micro_batch, micro_batches, precision, optimizer, nvme_path)
@@ -156,7 +157,7 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
         if micro_batches != gradient_accumulation_steps:
             row.notes.append(f"pipeline setups run gradient_accumulation_steps = the stages "
                              f"(not {gradient_accumulation_steps}): fewer micro-batches than stages is all bubble")
-        if setup.offload_optimizer != "none" and _offload_ratio(cfg) < 1:
+        if row.settings.offload_optimizer != "none" and row.settings.offload_ratio < 1:
             row.notes.append("offload_optimizer.ratio < 1 is planned as 1 (everything offloaded): the GPU "
                              "keeps the first sub-groups' master and state, more than shown")
         if row.fit(hw) == "ckpt":
@@ -173,8 +174,21 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
                 micro_batch, seq_len)
 
 
-def _offload_ratio(cfg: dict) -> float:
-    return float(cfg["zero_optimization"].get("offload_optimizer", {}).get("ratio", 1.0))
+def _runnable_stages(asked: list, spec, hw: Hardware, notes: list) -> list:
+    """The pipeline stage counts that can run on hw.gpus GPUs: each divides the GPU count (a
+    pipe x data grid) and has a layer per stage. Those left out are noted; none left is an error
+    that names them."""
+    why = {pp: f"{hw.gpus} GPUs ({hw.nodes} x {hw.gpus_per_node}) are not a multiple of it" if hw.gpus % pp else
+           f"the model has {spec.num_layers} layers, fewer than stages" if pp > 1 and pp > spec.num_layers else ""
+           for pp in asked}
+    runnable = [pp for pp in asked if not why[pp]]
+    left_out = "; ".join(f"{pp} stages: {why[pp]}" for pp in asked if why[pp])
+    if not runnable:
+        raise ValueError(f"plan: pipeline_stages: got {list(asked)}, and none can run ({left_out}); "
+                         f"give a stage count that divides the {hw.gpus} GPUs")
+    if left_out:
+        notes.append(f"pipeline stages not planned: {left_out}")
+    return runnable
 
 
 def _pipeline_stages(spec, asked, hw) -> list:

@@ -2,22 +2,24 @@
 and per node, whether it fits, its traffic per step, the order that picks the recommendation, and
 the ds_config.json that runs it."""
 import copy
+import functools
 import json
 from dataclasses import dataclass, field
 
 from zeroshard import _C
 from zeroshard.planner.activations import decoder_activations
-from zeroshard.planner.states import (DEVICE_CATEGORIES, DTYPE_BYTES, HOST_CATEGORIES, ZeroSettings,
-                                      model_state_bytes)
+from zeroshard.planner.states import (DEFAULT_OPTIMIZER, DEVICE_CATEGORIES, DTYPE_BYTES, HOST_CATEGORIES,
+                                      ZeroSettings, model_state_bytes)
 
 # What a device or host keeps back from a plan: the CUDA context, the allocator's fragmentation and
 # temporaries outside the categories (logits, attention workspace), and on the host the system and
-# the data loaders. A setup fits when its total is within the rest.
+# the data loaders; an NVMe drive keeps the same share back (the file system's own reserve and
+# checkpoints beside the swap files). A setup fits when its total is within the rest.
 RESERVE_FRACTION = 0.10
 
-# (offload_optimizer, offload_param) in the order of preference: each step moves more state further
-# from the compute and costs more time per step (ZeRO-Offload, then ZeRO-Infinity).
-OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "nvme"))
+# Where offload_optimizer / offload_param can put their state, nearest the compute first.
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,12 @@ class Setup:
     pipeline_stages: int = 1
 
     @property
-    def offload_rank(self) -> int:
-        return OFFLOADS.index((self.offload_optimizer, self.offload_param))
+    def offload_rank(self) -> tuple:
+        """The preference between offloads, fastest first: the furthest device anything is on
+        (none, then CPU, then NVMe: ZeRO-Offload, then ZeRO-Infinity), then where the parameters
+        are (they cross every micro-batch, the optimizer state once a step), then the optimizer."""
+        opt, param = (OFFLOAD_DEVICES.index(d) for d in (self.offload_optimizer, self.offload_param))
+        return max(opt, param), param, opt
 
     def name(self) -> str:
         parts = [f"zero{self.stage}"]
@@ -42,20 +48,40 @@ class Setup:
         return " ".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def runtime_accepts(stage: int, offload_optimizer: str, offload_param: str) -> bool:
+    """Whether the runtime builds this zero_optimization (zero/strategy.cpp's require_buildable,
+    the one owner of which offload goes with which stage)."""
+    z = {"stage": stage}
+    for key, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if device != "none":
+            z[key] = {"device": device, "nvme_path": "/plan"}
+    try:
+        _C.require_buildable(_C.parse_config(json.dumps({"zero_optimization": z}), "<plan>"))
+    except _C.ConfigError:
+        return False
+    return True
+
+
+def pipeline_accepts(stage: int) -> bool:
+    """Whether a PipelineModule runs with ZeRO `stage` (pipe/engine.py refuses the others): only
+    stages that keep whole gradients, reduced once per step; a stage that reduces or gathers
+    every micro-batch does not fit the schedule's interleaving of micro-batches."""
+    return _C.layout.stage_traits(stage)["keeps_full_grads"]
+
+
 def candidate_setups(pipeline_stages=(1,), nvme=True):
-    """Every setup zeroshard runs: offload_optimizer at stages 1-3, offload_param at stage 3 (with
-    optimizer offload), pipelines with ZeRO 0 or 1 and no offload (pipe x data)."""
+    """Every setup the runtime builds: each ZeRO stage with each (offload_optimizer,
+    offload_param) pair runtime_accepts, and for pipelines the stages pipeline_accepts (pipe x
+    data, optimizer offload included)."""
     out = []
     for pp in pipeline_stages:
-        for stage in range(4):
-            if pp > 1 and stage > 1:
+        for stage in ZERO_STAGES:
+            if pp > 1 and not pipeline_accepts(stage):
                 continue
-            for opt, param in OFFLOADS:
-                if (opt != "none" and (stage == 0 or pp > 1)) or (param != "none" and stage != 3):
-                    continue
-                if "nvme" in (opt, param) and not nvme:
-                    continue
-                out.append(Setup(stage, opt, param, pp))
+            setups = [Setup(stage, opt, param, pp) for opt in OFFLOAD_DEVICES for param in OFFLOAD_DEVICES
+                      if (nvme or "nvme" not in (opt, param)) and runtime_accepts(stage, opt, param)]
+            out += sorted(setups, key=lambda s: s.offload_rank)
     return out
 
 
@@ -73,26 +99,61 @@ class Hardware:
 
 
 @dataclass
-class Row:
-    """One setup's needs. Bytes are per GPU (host and NVMe: this GPU's share); *_node are per node."""
-    setup: Setup
-    config: dict
-    bytes: dict                      # category -> bytes per GPU (the heaviest pipeline stage)
-    activations: int | None          # per GPU, no activation checkpointing (None: not estimated)
-    activations_ckpt: int | None     # per GPU, every layer checkpointed
-    network_bytes: int               # sent per GPU per optimizer step
-    offload_bytes: int               # host<->device and disk traffic per GPU per step
-    micro_batches: int
-    # GPU total of the heaviest stage without and with checkpointing: with a pipeline the two
-    # can be different stages (the first holds the most micro-batches, the last the head).
-    device_peaks: tuple = (0, 0)
-    notes: list = field(default_factory=list)
+class StageNeeds:
+    """One pipeline stage's bytes per GPU by category, its activations (None: not estimated), and
+    what each of its GPUs moves per optimizer step."""
+    bytes: dict
+    activations: int | None          # no activation checkpointing
+    activations_ckpt: int | None     # every layer checkpointed
+    network_bytes: int = 0           # sent over the network
+    offload_bytes: int = 0           # host<->device and disk
 
     def device_total(self, checkpointing: bool) -> int:
-        return self.device_peaks[1 if checkpointing else 0]
+        act = self.activations_ckpt if checkpointing else self.activations
+        return sum(self.bytes[c] for c in DEVICE_CATEGORIES) + (act or 0)
+
+
+@dataclass
+class Row:
+    """One setup's needs. Bytes are per GPU (host and NVMe: this GPU's share); the table shows the
+    heaviest pipeline stage, which without and with checkpointing can be different stages (the
+    first holds the most micro-batches in flight, the last the head)."""
+    setup: Setup
+    config: dict
+    settings: ZeroSettings           # the config as the runtime parsed it
+    stages: list                     # StageNeeds per pipeline stage
+    micro_batches: int
+    notes: list = field(default_factory=list)
+
+    @property
+    def network_bytes(self) -> int:
+        """Sent per GPU per optimizer step, by the busiest stage."""
+        return max(s.network_bytes for s in self.stages)
+
+    @property
+    def offload_bytes(self) -> int:
+        """Host<->device and disk traffic per GPU per step, by the busiest stage."""
+        return max(s.offload_bytes for s in self.stages)
+
+    def heaviest(self, checkpointing: bool) -> StageNeeds:
+        return max(self.stages, key=lambda s: s.device_total(checkpointing))
+
+    @property
+    def bytes(self) -> dict:
+        return self.heaviest(False).bytes
+
+    @property
+    def activations(self) -> int | None:
+        return self.heaviest(False).activations
+
+    def device_total(self, checkpointing: bool) -> int:
+        return self.heaviest(checkpointing).device_total(checkpointing)
 
     def host_total(self) -> int:
-        return sum(self.bytes[c] for c in HOST_CATEGORIES)
+        return max(sum(s.bytes[c] for c in HOST_CATEGORIES) for s in self.stages)
+
+    def nvme_total(self) -> int:
+        return max(s.bytes["nvme"] for s in self.stages)
 
     def fits(self, hw: Hardware, checkpointing: bool) -> bool:
         usable = 1 - RESERVE_FRACTION
@@ -100,8 +161,8 @@ class Row:
             return False
         if self.host_total() * hw.gpus_per_node > hw.host_bytes * usable:
             return False
-        return not self.bytes["nvme"] or (hw.nvme_bytes is not None and
-                                          self.bytes["nvme"] * hw.gpus_per_node <= hw.nvme_bytes)
+        return not self.nvme_total() or (hw.nvme_bytes is not None and
+                                         self.nvme_total() * hw.gpus_per_node <= hw.nvme_bytes * usable)
 
     def fit(self, hw: Hardware) -> str:
         """"yes", "ckpt" (only with activation checkpointing), "no", or "?" (the model states fit,
@@ -111,12 +172,20 @@ class Row:
         return "yes" if self.fits(hw, False) else "ckpt" if self.fits(hw, True) else "no"
 
     def order_key(self, hw: Hardware):
-        """The recommendation's order, fastest first: less offload; no activation checkpointing
-        (it recomputes the forward); fewer pipeline stages (less bubble); the lower ZeRO stage
-        (each stage adds collectives: stage 1 an all-gather per step, stage 2 a reduction per
-        micro-batch, stage 3 gathers before every module); less network traffic per step."""
+        """The recommendation's order, fastest first: less offload (Setup.offload_rank); no
+        activation checkpointing (it recomputes the forward); fewer pipeline stages (less bubble);
+        the ZeRO stage that shards less (each sharding adds collectives: the optimizer state an
+        all-gather per step, the gradients a reduction per micro-batch, the parameters gathers
+        before every module); less network traffic per step."""
         return (self.setup.offload_rank, self.fit(hw) != "yes", self.setup.pipeline_stages,
-                self.setup.stage, self.network_bytes)
+                _sharding_rank(self.setup.stage), self.network_bytes)
+
+
+def _sharding_rank(stage: int) -> int:
+    """How many of the model states `stage` shards (stage_traits: optimizer state, gradients,
+    parameters)."""
+    t = _C.layout.stage_traits(stage)
+    return t["shards_optimizer_state"] + (not t["keeps_full_grads"]) + t["partitions_params"]
 
 
 def setup_config(setup: Setup, base: dict, micro_batch: int, micro_batches: int, precision: str | None,
@@ -128,7 +197,7 @@ def setup_config(setup: Setup, base: dict, micro_batch: int, micro_batches: int,
     cfg.pop("train_batch_size", None)  # the world differs per setup; plan() notes it
     cfg["train_micro_batch_size_per_gpu"] = micro_batch
     cfg["gradient_accumulation_steps"] = micro_batches
-    cfg.setdefault("optimizer", {"type": optimizer or "AdamW", "params": {"lr": 1e-4}})
+    cfg.setdefault("optimizer", {"type": optimizer or DEFAULT_OPTIMIZER, "params": {"lr": 1e-4}})
     if precision is not None:
         for key in ("bf16", "fp16"):
             if key == precision or key in cfg:
@@ -160,27 +229,29 @@ def resolved_settings(cfg: dict) -> ZeroSettings:
 def _stage_layers(spec, pp: int):
     """[(tensor indices, layer range)] per pipeline rank: a PipelineModule's own partition (its
     model chunks s, s + pp, ... on rank s), else split by parameters as PipelineModule's default
-    partition_method does."""
+    partition_method does. A tied tensor is on every stage that holds one of its layers."""
     if pp == 1:
         return [(list(range(len(spec.numels))), (0, spec.num_layers))]
     bounds = spec.pipeline_parts
     if bounds is None:
         from zeroshard.pipe.module import partition_layers
         counts = [0] * spec.num_layers
-        for n, layer in zip(spec.numels, spec.layer_of):
-            counts[layer] += n
+        for i, n in enumerate(spec.numels):
+            for layer in spec.layers_of(i):
+                counts[layer] += n
         bounds = partition_layers(range(spec.num_layers), pp, "parameters", counts)
     stages = []
     for s in range(pp):
         ranges = [(bounds[g], bounds[g + 1]) for g in range(s, len(bounds) - 1, pp)]
-        tensors = [i for i, layer in enumerate(spec.layer_of) if any(lo <= layer < hi for lo, hi in ranges)]
+        tensors = [i for i in range(len(spec.numels))
+                   if any(lo <= layer < hi for layer in spec.layers_of(i) for lo, hi in ranges)]
         stages.append((tensors, (ranges[0][0], ranges[-1][1])))
     return stages
 
 
 def evaluate(setup: Setup, spec, world: int, cfg: dict, micro_batch: int, seq_len: int,
              micro_batches: int) -> Row:
-    """One setup's Row: the heaviest pipeline stage's bytes, activations and traffic."""
+    """One setup's Row: every pipeline stage's bytes and activations, the busiest one's traffic."""
     z = resolved_settings(cfg)
     pp = setup.pipeline_stages
     dp = world // pp
@@ -188,11 +259,12 @@ def evaluate(setup: Setup, spec, world: int, cfg: dict, micro_batch: int, seq_le
     comm = DTYPE_BYTES.get(z.communication_data_type, h)
     dec = spec.decoder
     acts = decoder_activations(dec, micro_batch, seq_len, h) if dec else None
-    best, peak_ckpt = None, 0
-    for s, (tensors, (lo, hi)) in enumerate(_stage_layers(spec, pp)):
+    stages = []
+    layout = _stage_layers(spec, pp)
+    holders = [sum(i in tensors for tensors, _ in layout) for i in range(len(spec.numels))]
+    for s, (tensors, (lo, hi)) in enumerate(layout):
         numels = [spec.numels[i] for i in tensors]
-        largest = _largest_module(spec, tensors)
-        b = model_state_bytes(numels, dp, z, largest)
+        b = model_state_bytes(numels, dp, z, spec.largest_module_numel(tensors))
         act = act_ckpt = None
         if acts is not None:
             # Decoder layers of this stage (layer 0 is the embedding, the last the head), and the
@@ -202,47 +274,50 @@ def evaluate(setup: Setup, spec, world: int, cfg: dict, micro_batch: int, seq_le
             first, last = lo == 0, hi >= spec.num_layers or pp == 1
             act = inflight * acts.peak(False, n, first, last)
             act_ckpt = inflight * acts.peak(True, n, first, last)
-        states = sum(b[c] for c in DEVICE_CATEGORIES)
-        peak_ckpt = max(peak_ckpt, states + (act_ckpt or 0))
-        if best is None or states + (act or 0) > best[0]:
-            best = (states + (act or 0), b, act, act_ckpt, numels)
-    peak, b, act, act_ckpt, numels = best
-    network, offload = traffic(setup, z, numels, dp, micro_batches, h, comm)
-    if pp > 1 and dec:
-        network += 2 * micro_batches * micro_batch * seq_len * dec.hidden * h  # activations and their gradients
-    row = Row(setup, cfg, b, act, act_ckpt, network, offload, micro_batches, (peak, peak_ckpt))
+        net, off = traffic(z, numels, dp, micro_batches, h, comm)
+        # A tied tensor's gradients are all-reduced once per step over the stages that hold it.
+        net += sum(2 * (holders[i] - 1) / holders[i] * spec.numels[i] * comm for i in tensors if holders[i] > 1)
+        if pp > 1 and dec:
+            net += pipeline_send_bytes(s, pp, micro_batches, micro_batch * seq_len * dec.hidden * h)
+        stages.append(StageNeeds(b, act, act_ckpt, int(net), off))
+    row = Row(setup, cfg, z, stages, micro_batches)
     if acts is None:
         row.notes.append("activations of an nn.Module are not estimated, so nothing is recommended (fits "
-                         "? = the model states fit): give a Hugging Face-style config for a decoder")
+                         "? = the model states fit), nor is a pipeline's activation traffic in net/step: "
+                         "give a Hugging Face-style config for a decoder")
     return row
 
 
-def _largest_module(spec, tensors) -> int:
-    per = {}
-    for i in tensors:
-        per[spec.modules[i]] = per.get(spec.modules[i], 0) + spec.numels[i]
-    return max(per.values(), default=0)
+def pipeline_send_bytes(stage_index: int, pp: int, micro_batches: int, activation_bytes: int) -> int:
+    """What pipeline stage `stage_index` of `pp` sends point to point per step: every stage but
+    the last its output forward, every stage but the first the gradient of its input back, once
+    per micro-batch each (activation_bytes: one micro-batch's activation between stages)."""
+    return ((stage_index < pp - 1) + (stage_index > 0)) * micro_batches * activation_bytes
 
 
-def traffic(setup: Setup, z: ZeroSettings, numels, dp: int, micro_batches: int, h: int, comm: int):
+def traffic(z: ZeroSettings, numels, dp: int, micro_batches: int, h: int, comm: int):
     """(network bytes, offload bytes) one GPU moves per optimizer step, for ring collectives
     (each rank sends (dp - 1) / dp of the buffer per all-gather or reduce-scatter, twice that per
-    all-reduce). Stages 0-1 all-reduce the gradients once per step and stage 1 all-gathers the
-    updated parameters; stage 2 all-reduces its buckets every micro-batch; stage 3 reduce-scatters
-    every micro-batch and all-gathers the non-persistent parameters for forward and for backward."""
+    all-reduce), by what the stage shards (_C.layout.stage_traits): whole gradients are
+    all-reduced once per step, sharded ones every micro-batch (all-reduced into buckets, or
+    reduce-scattered where the parameters are partitioned too); a sharded optimizer state
+    all-gathers the updated parameters once per step; partitioned parameters are all-gathered
+    for forward and again for backward every micro-batch, all but the persistent ones (whole on
+    every rank), whose updated values are all-gathered once per step."""
+    traits = _C.layout.stage_traits(z.stage)
     total, padded, _ = _C.layout.flat_layout(list(numels), dp)
     chunks, shard = _C.layout.chunk_layout(list(numels), dp)
     f = (dp - 1) / dp
-    if setup.stage == 3:
+    if traits["partitions_params"]:
         persistent = sum(n for n in numels if n < z.stage3_param_persistence_threshold)
         psi = shard * dp
         network = micro_batches * (f * psi * comm + 2 * f * (psi - persistent) * h) + f * persistent * h
         owned = shard
     else:
-        psi = padded
-        reduces = micro_batches if setup.stage == 2 else 1
-        network = reduces * 2 * f * psi * comm + (f * psi * h if setup.stage >= 1 else 0)
-        owned = padded // dp if setup.stage >= 1 else padded
+        # The gradients are reduced without the flat buffer's padding; the updated shards with it.
+        reduces = 1 if traits["keeps_full_grads"] else micro_batches
+        network = reduces * 2 * f * total * comm + (f * padded * h if traits["shards_optimizer_state"] else 0)
+        owned = padded // dp if traits["shards_optimizer_state"] else padded
     offload = 0
     if z.offload_optimizer != "none":
         offload += h * owned * (1 if z.offload_param != "none" else 2)  # gradients down, parameters up

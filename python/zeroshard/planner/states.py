@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from zeroshard import _C
 
+# The optimizer planned, and written into a setup's config, when neither the config nor the caller
+# names one.
+DEFAULT_OPTIMIZER = "AdamW"
 # Bytes per element of the model dtype and of communication_data_type.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEVICE_CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_state",
@@ -47,7 +50,7 @@ class ZeroSettings:
         opt = resolved.get("optimizer") or {}
         return cls(stage=z["stage"], offload_optimizer=z["offload_optimizer"]["device"],
                    offload_param=z["offload_param"]["device"], precision=precision,
-                   optimizer=opt.get("type", "AdamW"),
+                   optimizer=opt.get("type", DEFAULT_OPTIMIZER),
                    reduce_bucket_size=int(z["reduce_bucket_size"]), overlap_comm=bool(z["overlap_comm"]),
                    stage3_max_live_parameters=int(z["stage3_max_live_parameters"]),
                    stage3_param_persistence_threshold=int(z["stage3_param_persistence_threshold"]),
@@ -169,11 +172,11 @@ def _host_buffer_bytes(owned, z, h, slots, largest_piece, largest_chunk) -> int:
     offloaded gradient staged down in the model dtype; the updated 16-bit parameters staged up
     (or to NVMe); NVMe's staging buffers, offload_optimizer.buffer_count of the largest sub-group's
     master and state, offload_param.buffer_count of the largest parameter chunk."""
-    if z.offload_optimizer == "none":
-        return 0
-    out = h * owned
-    if h != 4 and z.offload_param != "cpu":
+    out = 0
+    if z.offload_optimizer != "none":
         out += h * owned
+        if h != 4 and z.offload_param != "cpu":
+            out += h * owned
     if z.offload_optimizer == "nvme":
         sub_group = min(owned, max(z.sub_group_size, largest_piece, 1))
         out += z.optimizer_buffer_count * _C.layout.swap_staging_bytes(4 * sub_group, slots)

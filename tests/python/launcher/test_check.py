@@ -85,6 +85,8 @@ def test_devices_memory_and_table():
     assert report.memory_cell(probe(), 2, GIB).text == "ok 1.0/64.0 GiB"
     unplanned = report.memory_cell(probe(), 2, None)
     assert unplanned.ok is None and unplanned.text == "not planned"
+    broken = report.memory_cell(probe(), 2, None, "the planner failed (KeyError: 'x')")
+    assert broken.ok is False and broken.text == "FAIL planner" and broken.reason.startswith("the planner failed")
     good = {c: report.passed("ok") for c in report.COLUMNS}
     cells = {"w0": {**good, "memory": unplanned}, "worker-1": {**good, "port": report.failed("", "why")}}
     text = report.render(["w0", "worker-1"], cells)
@@ -96,8 +98,9 @@ def test_devices_memory_and_table():
 def test_host_memory_is_the_planners(monkeypatch):
     """The need comes from zeroshard.planner.host_bytes_per_node, always over the selected world;
     without --num_params it is not planned."""
-    need, note = host_bytes_by_ranks_per_node({}, None, [2, 2])
-    assert need is None and note.startswith("memory: not planned: pass --num_params")
+    skipped = host_bytes_by_ranks_per_node({}, None, [2, 2])
+    assert skipped.need is None and not skipped.error
+    assert skipped.note.startswith("memory: skipped (not planned): pass --num_params")
     calls = []
 
     def host_bytes_per_node(config, num_params, gpus_per_node, nodes):
@@ -105,9 +108,25 @@ def test_host_memory_is_the_planners(monkeypatch):
         return gpus_per_node * (num_params // (gpus_per_node * nodes) + len(config))
     monkeypatch.setitem(sys.modules, "zeroshard.planner",
                         types.SimpleNamespace(host_bytes_per_node=host_bytes_per_node))
-    need, note = host_bytes_by_ranks_per_node({"k": 1}, 600.0, [4, 2])
-    assert need == {4: 4 * 101, 2: 2 * 101} and note.startswith("memory: planned by zeroshard.planner")
+    got = host_bytes_by_ranks_per_node({"k": 1}, 600.0, [4, 2])
+    assert got.need == {4: 4 * 101, 2: 2 * 101} and got.note.startswith("memory: planned by zeroshard.planner")
     assert all(g * n == 6 for g, n in calls)   # a host of 4 in a world of 6: per rank
+    # The user's config: its ValueError is the caller's to report. The planner's own bug: an
+    # error of the check, named (not a silent skip).
+    def rejects(*_):
+        raise ValueError("zero_optimization.stage: got 4")
+
+    def breaks(*_):
+        raise KeyError("offload_param")
+    for fn, error in ((rejects, ValueError), (breaks, None)):
+        monkeypatch.setitem(sys.modules, "zeroshard.planner", types.SimpleNamespace(host_bytes_per_node=fn))
+        if error:
+            with pytest.raises(error):
+                host_bytes_by_ranks_per_node({}, 1e6, [2])
+        else:
+            broken = host_bytes_by_ranks_per_node({}, 1e6, [2])
+            assert broken.need is None and broken.error == (
+                "the planner failed (KeyError: 'offload_param'), so the host memory could not be checked")
     nvme = {"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
                                   "offload_param": {"device": "NVMe", "nvme_path": "/nvme2"}}}
     assert nvme_paths(nvme) == {"zero_optimization.offload_optimizer.nvme_path": "/nvme",
@@ -120,7 +139,8 @@ def make_check(hosts, remote=True, **args):
     ns = argparse.Namespace(**{"timeout": 10.0, "master_addr": "", **args})
     job = Job(python=sys.executable, script="", script_args=[], cwd=os.getcwd(), exports={}, master_addr="",
               master_port=29500)
-    return check.Check(ns, {h: [0, 1] for h in hosts}, {}, job, remote, (None, "memory: not planned"))
+    return check.Check(ns, {h: [0, 1] for h in hosts}, {}, job, remote,
+                       check.MemoryPlan(None, "memory: skipped (not planned)"))
 
 
 @pytest.mark.parametrize("ssh_script, cell, reason", [
@@ -230,6 +250,7 @@ def test_this_machine_alone(tmp_path):
     assert "localhost: memory: the planned setup needs " in r.stdout
     assert "memory: planned by zeroshard.planner for 1e+12 parameters over 1 rank" in r.stdout
     assert "zeroshard check: FAILED on 1 of 1 hosts: localhost (memory, nvme)" in r.stdout
+    assert report.LEGEND in r.stdout  # "-" and "not planned" explained under the table
 
 
 # ---- across hosts -----------------------------------------------------------------------------------
@@ -278,11 +299,13 @@ SCENARIOS = [
     ("other_zeroshard", ["worker-0", "worker-1", "worker-2"], None, NUM_PARAMS, {
         "worker-2": {"versions": ("FAIL zeroshard", f"worker-2: versions: zeroshard {OTHER_VERSION} from "
                                                     f"{PKG}, but 0.1.0 on worker-0, worker-1")}}),
-    # Without --num_params the memory is not planned: neither a pass nor a failure.
+    # Without --num_params the memory is not planned: a skip, neither a pass nor a failure. With
+    # one host left, the all-reduce is not run (one process proves nothing across hosts).
     ("key_refused", ["worker-0", "worker-3"], None, [], {
         "worker-3": {"ssh": ("FAIL auth", "worker-3: ssh: permission denied: the host refused every key"),
                      **{c: ("-", "") for c in list(ALL_OK)[1:]}},
-        "worker-0": {"memory": ("not planned", "memory: not planned: pass --num_params")}}),
+        "worker-0": {"memory": ("not planned", "memory: skipped (not planned): pass --num_params"),
+                     "backend": ("-", "backend: skipped: only 1 host reachable (worker-3 could not take part)")}}),
     ("port_blocked", ["worker-0", "worker-1"], (1, 29500), [], {
         "worker-1": {"port": ("FAIL", "worker-1: port: cannot connect to 192.168.251.1:29500 (the "
                                       "rendezvous, on worker-0): timed out after 5 s"), "backend": ("-", ""),
