@@ -13,6 +13,7 @@ from zeroshard.comm import init_distributed, new_comm, release_at_exit
 from zeroshard.config import config_changes, load_config
 from zeroshard.dataloader import make_dataloader
 from zeroshard.dtypes import PRECISIONS
+from zeroshard.engine_setup import check_partitioned, param_groups
 from zeroshard.log import log_rank0, logger, note_rank0
 from zeroshard import model_save
 from zeroshard.engine_names import DEEPSPEED_ENGINE_NAMES
@@ -55,41 +56,6 @@ def _warn_unused_pipeline_keys(args, config, config_params):
                   "the model is not a zeroshard.pipe.PipelineModule", int(os.environ.get("RANK", "0")))
 
 
-def _check_partitioned(module, groups, stage):
-    """Parameters partitioned under zero.Init need stage 3 and a place: an optimizer group or frozen."""
-    chunked = [n for n, p in module.named_parameters() if full_shape(p) is not None]
-    if chunked and stage != 3:
-        raise ValueError(f"zero.Init: a model built under zeroshard.zero.Init needs "
-                         f"zero_optimization.stage 3 (stage is {stage}); "
-                         f"partitioned parameters: {', '.join(chunked[:3])}")
-    trainable_ids = {id(p) for _, ps in groups for p in ps}
-    stray = [(n, p) for n, p in module.named_parameters()
-             if full_shape(p) is not None and id(p) not in trainable_ids
-             and (p.requires_grad or not p.is_floating_point())]  # frozen floating ones are partitioned
-    if stray:
-        names = ", ".join(n for n, _ in stray[:3])
-        if any(not p.is_floating_point() for _, p in stray):
-            raise ValueError(f"zero.Init: {names} partitioned under zeroshard.zero.Init have "
-                             "a non-floating dtype, which ZeRO-3 does not gather; create them "
-                             "outside zero.Init")
-        raise ValueError(f"zero.Init: {names} were partitioned under zeroshard.zero.Init but "
-                         "are neither in the optimizer's parameter groups nor frozen "
-                         "(requires_grad=False); pass them to the optimizer or freeze them")
-
-
-def _param_groups(model, model_parameters, client_optimizer):
-    """[(group_dict_without_params, [params])] from whatever the script passed. A client
-    optimizer's own group dicts are returned (not copies), so a scheduler built on it still
-    drives the lr the engine uses."""
-    if client_optimizer is not None:
-        return [(g, list(g["params"])) for g in client_optimizer.param_groups]
-    source = model.parameters() if model_parameters is None else model_parameters
-    items = list(source)
-    if items and isinstance(items[0], dict):
-        return [({k: v for k, v in g.items() if k != "params"}, list(g["params"])) for g in items]
-    return [({}, items)]
-
-
 class ZeroShardEngine(torch.nn.Module):
     def __init__(self, args=None, model=None, optimizer=None, model_parameters=None,
                  training_data=None, lr_scheduler=None, distributed_port=29500, mpu=None,
@@ -126,9 +92,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.dtype = PRECISIONS[s["precision"]]
         self._client_optimizer = None  # a torch optimizer the script built, which never steps itself
         spec, groups = self._optimizer_spec(optimizer, model_parameters)
-        # Checks that every rank makes alike run before the communicator: a rank that raises then
-        # never leaves another connecting to its store (rank 0's goes when its process ends).
-        _check_partitioned(self.module, groups, s["stage"])
+        self._check_setup(groups)
         self._comm = self._make_comm()
         release_at_exit(self)
         self._build_core(spec, groups)
@@ -169,6 +133,11 @@ class ZeroShardEngine(torch.nn.Module):
     def _make_comm(self):
         return new_comm()
 
+    def _check_setup(self, groups):
+        """Checks that every rank makes alike, run before any communicator exists: a rank that
+        raises here leaves no other connecting to its store (rank 0's goes when its process ends)."""
+        check_partitioned(self.module, groups, self._settings["stage"])
+
     def _optimizer_spec(self, client_optimizer, model_parameters):
         if client_optimizer is not None and not isinstance(client_optimizer, torch.optim.Optimizer):
             if callable(client_optimizer):
@@ -193,7 +162,7 @@ class ZeroShardEngine(torch.nn.Module):
                              "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
                              "initialize(optimizer=...)")
         groups = []
-        for hyper, params in _param_groups(self.module, model_parameters, client_optimizer):
+        for hyper, params in param_groups(self.module, model_parameters, client_optimizer):
             trainable = [p for p in params if p.requires_grad]
             if not trainable:
                 continue

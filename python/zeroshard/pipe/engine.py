@@ -23,17 +23,7 @@ class PipelineEngine(ZeroShardEngine):
         # Read by the overrides below, which run inside ZeroShardEngine.__init__ (a plain
         # attribute: the module itself cannot be set before nn.Module's own __init__).
         self._grid = model.mpu()
-        super().__init__(model=model, **kwargs)
-        settings = self._settings["pipeline"]
-        self._check_pipeline_config(settings)
-        self._schedule = settings["schedule"]
-        try:
-            lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
-                                              self.module.virtual_stages)
-        except ValueError as error:  # the schedule's own rules (pipeline/schedule.cpp), in config terms
-            raise ValueError(_in_config_terms(str(error), self._gas, self._schedule)) from None
-        self._instructions = lists[self.module.stage_id]
-        self._schedule_report = report
+        super().__init__(model=model, **kwargs)  # builds the schedule in _check_setup
         # Point-to-point goes over the world (global ranks), whose communicator has the store:
         # a stage's failure is published there and named in every rank's error.
         self._world_comm = new_comm()
@@ -56,6 +46,7 @@ class PipelineEngine(ZeroShardEngine):
         self.data_iterator = None
         if self.training_dataloader is not None:
             self.data_iterator = _repeat(self.training_dataloader)
+        report = self._schedule_report
         peaks = report["peak_activations"]
         log_rank0(f"pipeline: {self.module.num_stages} stages x {self.dp_world_size} data-parallel, "
                   f"schedule {self._schedule}" + (f" with {self.module.virtual_stages} chunks per rank"
@@ -72,7 +63,8 @@ class PipelineEngine(ZeroShardEngine):
 
     def _data_parallel_size(self, mpu):
         stage = _C.engine_settings(self._config)["stage"]
-        if stage > 1:
+        # The stage's trait, not its number: the planner's pipeline_accepts asks the same.
+        if not _C.layout.stage_traits(stage)["keeps_full_grads"]:
             raise ValueError(f"zero_optimization.stage: got {stage} with a PipelineModule; a "
                              "pipeline runs with stage 0 or 1 across its data-parallel axis (stages "
                              "2 and 3 reduce or gather every micro-batch, which the schedule's "
@@ -91,6 +83,21 @@ class PipelineEngine(ZeroShardEngine):
         if self._grid.get_pipe_parallel_world_size() == 1:
             return new_comm()
         return new_comm(self._grid.get_data_parallel_group())
+
+    def _check_setup(self, groups):
+        """The pipeline block and the schedule's own rules, checked (and the schedule built)
+        before any communicator exists, as ZeroShardEngine's checks: see there."""
+        super()._check_setup(groups)
+        settings = self._settings["pipeline"]
+        self._check_pipeline_config(settings)
+        self._schedule = settings["schedule"]
+        try:
+            lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
+                                              self.module.virtual_stages)
+        except ValueError as error:  # the schedule's own rules (pipeline/schedule.cpp), in config terms
+            raise ValueError(_in_config_terms(str(error), self._gas, self._schedule)) from None
+        self._instructions = lists[self.module.stage_id]
+        self._schedule_report = report
 
     def _check_pipeline_config(self, settings):
         stages = settings["stages"]

@@ -52,8 +52,10 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
         output = None
         if holds_last:
             # Every last-stage replica has the same output dtypes, so all of them refuse here
-            # together, before the data-parallel all-reduce (no replica is left waiting in it).
-            _check_averageable(results[0])
+            # together, before the data-parallel all-reduce; published as a stage failure, so the
+            # other stages waiting for the eval loss learn of it too.
+            with engine._stage_failure_reported(f"eval_batch output of stage {module.stage_id}"):
+                _check_averageable(results[0])
             output = _mean(results)
             if engine.dp_world_size > 1:
                 for t in (output if isinstance(output, tuple) else (output,)):
