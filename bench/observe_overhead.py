@@ -2,7 +2,7 @@
 ~100M GPT at ZeRO stage 3, world 2 (CPU, Gloo, one thread per rank), measured inside one pair of
 processes so that both sides of each comparison share the machine's state:
 
-    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--steps-each 8]
+    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--steps-each 12]
 
 Steps rotate through three kinds (each after each other kind equally often), so that the
 machine's drift falls on every side alike:
@@ -39,6 +39,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
+    if a.each < 2 or a.each % 2:
+        p.error(f"--steps-each: got {a.each}, expected an even number >= 2 (the rotation's two orders)")
     torch.set_num_threads(1)
     import zeroshard
     from zeroshard import _C
@@ -81,11 +83,14 @@ def main():
         engine.step()
         seconds = torch.tensor([time.perf_counter() - t])
         collected = pause["total"]
+        # The trace's internals drive this: check they did what each kind means.
+        assert _C.trace.on() == (kind in ("trace", "write")), (step, kind)
         if kind == "trace":  # dropped, as if the window went on
             tracer._spans.remove()
             tracer._spans = None
             _C.trace.stop()
             events = len(_C.trace.drain())
+            assert events > 0, f"step {step}: the traced step recorded nothing"
         elif kind == "write":
             t = time.perf_counter()
             tracer._finish(merge=True)

@@ -145,8 +145,8 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError as error:
-        raise SystemExit("zeroshard-report: drawing the PNGs needs the matplotlib package, which is "
-                         "not installed: pip install matplotlib (or pip install zeroshard[report])") from error
+        raise ImportError("drawing the PNGs needs the matplotlib package, which is not installed: "
+                          "pip install matplotlib (or pip install zeroshard[report])") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -234,10 +234,14 @@ def main(argv=None):
     print(summarize(events))
     out = args.out or (args.trace if os.path.isdir(args.trace) else os.path.dirname(args.trace) or ".")
     os.makedirs(out, exist_ok=True)
-    for path in plot_memory(events, out):
-        print(f"wrote {path}")
-    if args.timeline:
-        print(f"wrote {plot_timeline(events, out)}")
+    try:
+        for path in plot_memory(events, out):
+            print(f"wrote {path}")
+        if args.timeline:
+            print(f"wrote {plot_timeline(events, out)}")
+    except ImportError as error:  # the summary above needed nothing more
+        print(f"zeroshard-report: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -286,11 +286,14 @@ def test_max_events_bounds_the_module_spans_and_the_runtimes_events_together(tmp
     assert len(kept) == 1000 and trace["otherData"]["dropped_events"] > 0, (len(kept), trace["otherData"])
 
 
-def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch):
+def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch, tmp_path, capsys):
     from zeroshard import report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    with pytest.raises(SystemExit, match=r"needs the matplotlib package.*pip install matplotlib"):
-        report.plot_memory([], "/nonexistent")
+    with pytest.raises(ImportError, match=r"needs the matplotlib package.*pip install matplotlib"):
+        report.plot_memory([], str(tmp_path))
+    (tmp_path / "trace_rank0.json").write_text(json.dumps({"traceEvents": []}))
+    assert report.main([str(tmp_path)]) == 2  # the summary printed, then the package named
+    assert "pip install matplotlib" in capsys.readouterr().err
 
 
 def test_trace_steps_from_the_environment_are_checked(monkeypatch):

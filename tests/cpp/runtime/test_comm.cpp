@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "runtime/comm.h"
+#include "runtime/comm_stats.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
 
@@ -93,6 +94,10 @@ TEST_CASE("a collective waited for after it finished is traced from issue to its
   op.what = what;
   op.bytes = 32;
   op.world_size = 2;
+  zeroshard::CommLoggerOptions logger;
+  logger.enabled = true;
+  zeroshard::CommStats::global().configure(logger, 0);
+  zeroshard::CommStats::global().reset();
   trace::start(100);
   op.issued_ns = trace::now_ns();
   auto work = c10::make_intrusive<FutureWork>();
@@ -112,7 +117,14 @@ TEST_CASE("a collective waited for after it finished is traced from issue to its
     } else if (e.category == "wait") {
       ++spans;
       REQUIRE(e.start_ns >= wait_start_ns);  // the wait is only the blocked part
+      REQUIRE(e.start_ns + e.duration_ns >= completed_ns + 30'000'000);
     }
   }
   REQUIRE(spans == 2);
+  // The comms logger's latency is the collective's too, not the 30 ms it waited unclaimed.
+  const auto rows = zeroshard::CommStats::global().rows();
+  zeroshard::CommStats::global().configure({}, 0);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].count == 1);
+  REQUIRE(rows[0].total_ms < 25.0);
 }
