@@ -276,8 +276,9 @@ class Check:
             return
         left_out = [h for h in self.hosts if h not in hosts]
         if left_out and len(hosts) < 2:  # an all-reduce of one process proves nothing across hosts
+            # Not "reachable": a host whose torch failed to import was reached, yet cannot take part.
             self.notes.append(f"backend: skipped: only {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
-                              f"reachable ({', '.join(left_out)} could not take part)")
+                              f"can take part ({', '.join(left_out)} could not)")
             return
         if left_out:
             self.notes.append(f"backend: the all-reduce ran over {len(hosts)} of {len(self.hosts)} hosts "

@@ -130,8 +130,8 @@ def device_cell(probe: dict, slots: list[int]) -> Cell:
 
 # Printed under the table: what a cell that is neither a pass nor a failure means.
 LEGEND = ("cells: ok = passed; FAIL = failed (the reason is below); - = not run (not applicable, or a "
-          "check it needs failed; a note says which); not planned = the memory check was skipped (no "
-          "--num_params): it neither passes nor fails")
+          "check it needs failed; a note says which); not planned = the memory check was skipped (a "
+          "note says why: no --num_params, or no torch for the planner): it neither passes nor fails")
 
 
 def memory_cell(probe: dict, ranks_on_host: int, need_bytes: int | None, planner_error: str = "") -> Cell:

@@ -1,6 +1,7 @@
 """`zeroshard plan`: the memory planner from the command line. The model is a Hugging Face-style
 config.json or flags; prints every setup's table and writes the recommendation's ds_config.json."""
 import argparse
+import inspect
 import sys
 
 from zeroshard.planner.model import Decoder, decoder_from_hf
@@ -62,6 +63,20 @@ def _model(args, parser):
                    tie_embeddings=arch == "gpt")
 
 
+# plan()'s keyword arguments whose flag is not the keyword with dashes.
+_FLAG_OF = {"nvme_space": "--nvme"}
+
+
+def _in_flag_terms(message: str) -> str:
+    """plan()'s error under the flag it is about: "plan: pipeline_stages: got ..." reads
+    "--pipeline-stages: got ..."; anything else loses only the "plan: " that main prints anyway."""
+    message = message.removeprefix("plan: ")
+    kwarg, sep, rest = message.partition(": ")
+    if not sep or kwarg not in inspect.signature(plan).parameters:
+        return message
+    return f"{_FLAG_OF.get(kwarg, '--' + kwarg.replace('_', '-'))}: {rest}"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -78,7 +93,7 @@ def main(argv=None) -> int:
                       optimizer=args.optimizer, config=args.config, pipeline_stages=stages,
                       nvme_path=args.nvme_path, name=args.name)
     except (ValueError, OSError) as e:
-        print(f"zeroshard plan: {e}", file=sys.stderr)
+        print(f"zeroshard plan: {_in_flag_terms(str(e))}", file=sys.stderr)
         return 2
     print(result.table())
     if args.out:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from zeroshard.planner.model import model_spec
 from zeroshard.planner.setups import (RESERVE_FRACTION, Hardware, candidate_setups, evaluate,
-                                      resolved_settings, setup_config)
+                                      resolved_settings, schedule_in_flight, schedule_of, setup_config)
 from zeroshard.planner.states import HOST_CATEGORIES, model_state_bytes
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -65,8 +65,9 @@ class Plan:
                 "GPU total", "host/node", "nvme/node", "net/step", "offload/step", "fits")
         body = []
         for r in self.rows:
-            # One stage's columns, the one whose GPU total is shown: with checkpointing ("ckpt")
-            # the heaviest checkpointed stage, which can differ from the heaviest without.
+            # The per-GPU columns are one stage's, the one whose GPU total is shown: with
+            # checkpointing ("ckpt") the heaviest checkpointed stage, which can differ from the
+            # heaviest without. host/node, nvme/node and the traffic: the most of any stage.
             shown = r.heaviest(r.fit(hw) == "ckpt")
             b, node = shown.bytes, hw.gpus_per_node
             body.append((r.setup.name(), gib(b["parameters"]), gib(b["gradients"]), gib(b["master_weights"]),
@@ -145,12 +146,11 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
     if "train_batch_size" in base:
         notes.append("train_batch_size is left out of the written config (the world differs per setup); "
                      "train_micro_batch_size_per_gpu and gradient_accumulation_steps give the batch")
-    pipeline_stages = _runnable_stages(pipeline_stages, spec, hw, notes)
+    pipeline_stages = _runnable_stages(pipeline_stages, spec, hw, notes, base, gradient_accumulation_steps)
     rows = []
     for setup in candidate_setups(pipeline_stages, nvme=hw.nvme_bytes is not None):
         pp = setup.pipeline_stages
-        # A pipeline runs at least as many micro-batches as stages, or it is all bubble.
-        micro_batches = max(gradient_accumulation_steps, pp) if pp > 1 else gradient_accumulation_steps
+        micro_batches = _micro_batches(pp, gradient_accumulation_steps)
         cfg = setup_config(setup, base, micro_batch, micro_batches, precision, optimizer, nvme_path)
         row = evaluate(setup, spec, hw.gpus, cfg, micro_batch, seq_len, micro_batches)
         row.notes += notes
@@ -174,18 +174,41 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
                 micro_batch, seq_len)
 
 
-def _runnable_stages(asked: list, spec, hw: Hardware, notes: list) -> list:
+def _micro_batches(pp: int, gradient_accumulation_steps: int) -> int:
+    """A pipeline runs at least as many micro-batches as stages, or it is all bubble."""
+    return max(gradient_accumulation_steps, pp) if pp > 1 else gradient_accumulation_steps
+
+
+def _runnable_stages(asked: list, spec, hw: Hardware, notes: list, base: dict,
+                     gradient_accumulation_steps: int) -> list:
     """The pipeline stage counts that can run on hw.gpus GPUs: each divides the GPU count (a
-    pipe x data grid) and has a layer per stage. Those left out are noted; none left is an error
-    that names them."""
-    why = {pp: f"{hw.gpus} GPUs ({hw.nodes} x {hw.gpus_per_node}) are not a multiple of it" if hw.gpus % pp else
-           f"the model has {spec.num_layers} layers, fewer than stages" if pp > 1 and pp > spec.num_layers else ""
-           for pp in asked}
+    pipe x data grid), has a layer per model chunk, and gives a shape the config's schedule runs
+    (_C.pipeline.build refuses, for one, interleaved_1f1b micro-batches that are not a multiple
+    of the stages). Those left out are noted; none left is an error that names them."""
+    schedule, virtual_stages = schedule_of(base)
+
+    def why_not(pp):
+        if hw.gpus % pp:
+            return f"{hw.gpus} GPUs ({hw.nodes} x {hw.gpus_per_node}) are not a multiple of it"
+        if pp == 1:
+            return ""
+        chunks = pp * (1 if spec.pipeline_parts else virtual_stages)  # a PipelineModule's are built
+        if chunks > spec.num_layers:
+            return (f"the model has {spec.num_layers} layers, fewer than " +
+                    ("stages" if chunks == pp else f"its {chunks} model chunks (stages x pipeline.virtual_stages)"))
+        try:
+            schedule_in_flight(schedule, pp, _micro_batches(pp, gradient_accumulation_steps), virtual_stages)
+        except ValueError as error:
+            return str(error)
+        return ""
+    why = {pp: why_not(pp) for pp in asked}
     runnable = [pp for pp in asked if not why[pp]]
     left_out = "; ".join(f"{pp} stages: {why[pp]}" for pp in asked if why[pp])
     if not runnable:
-        raise ValueError(f"plan: pipeline_stages: got {list(asked)}, and none can run ({left_out}); "
-                         f"give a stage count that divides the {hw.gpus} GPUs")
+        fix = (f"build the PipelineModule with a num_stages that divides the {hw.gpus} GPUs" if spec.pipeline_parts
+               else f"give a stage count that divides the {hw.gpus} GPUs")
+        raise ValueError(f"plan: pipeline_stages: got {list(asked)}, and none can run ({left_out})" +
+                         (f"; {fix}" if any(hw.gpus % pp for pp in asked) else ""))
     if left_out:
         notes.append(f"pipeline stages not planned: {left_out}")
     return runnable

@@ -116,8 +116,8 @@ class StageNeeds:
 @dataclass
 class Row:
     """One setup's needs. Bytes are per GPU (host and NVMe: this GPU's share); the table shows the
-    heaviest pipeline stage, which without and with checkpointing can be different stages (the
-    first holds the most micro-batches in flight, the last the head)."""
+    heaviest pipeline stage, which without and with checkpointing can be different stages (under
+    1F1B the first holds the most micro-batches in flight, the last the head)."""
     setup: Setup
     config: dict
     settings: ZeroSettings           # the config as the runtime parsed it
@@ -221,17 +221,42 @@ def setup_config(setup: Setup, base: dict, micro_batch: int, micro_batches: int,
     return cfg
 
 
+def schedule_of(cfg: dict) -> tuple:
+    """(pipeline.schedule, pipeline.virtual_stages) of `cfg` as the runtime resolves them, its
+    defaults included."""
+    pipe = {"pipeline": cfg.get("pipeline", {})}
+    resolved = json.loads(_C.parse_config(json.dumps(pipe), "<plan>").resolved_json())["pipeline"]
+    return resolved["schedule"], int(resolved["virtual_stages"])
+
+
+@functools.lru_cache(maxsize=None)
+def schedule_in_flight(schedule: str, pp: int, micro_batches: int, virtual_stages: int) -> tuple:
+    """The most chunk-forwards (one micro-batch through one model chunk) each pipeline rank holds
+    the activations of at once, from the schedule the runtime runs (_C.pipeline.build, as
+    pipe/engine.py builds it): its report's peak_graphs, the forwards whose autograd graph is
+    still alive (zero_bubble keeps it past the input-gradient pass until the weight pass; the
+    other schedules free it with the activations). A ValueError, in config terms, for a shape
+    the runtime refuses (interleaved_1f1b's micro-batches, virtual_stages of another schedule)."""
+    try:
+        _, report = _C.pipeline.build(schedule, pp, micro_batches, virtual_stages)
+    except ValueError as error:
+        from zeroshard.pipe.engine import _in_config_terms  # the engine's wording of the same refusal
+        raise ValueError(_in_config_terms(str(error), micro_batches, schedule)) from None
+    return tuple(report["peak_graphs"])
+
+
 def resolved_settings(cfg: dict) -> ZeroSettings:
     """The config as the runtime reads it (parsed by C++: a bad key fails here, with its name)."""
     return ZeroSettings.from_resolved(json.loads(_C.parse_config(json.dumps(cfg), "<plan>").resolved_json()))
 
 
-def _stage_layers(spec, pp: int):
-    """[(tensor indices, layer range)] per pipeline rank: a PipelineModule's own partition (its
-    model chunks s, s + pp, ... on rank s), else split by parameters as PipelineModule's default
-    partition_method does. A tied tensor is on every stage that holds one of its layers."""
+def _stage_layers(spec, pp: int, virtual_stages: int = 1):
+    """[(tensor indices, [layer range of each model chunk])] per pipeline rank: a PipelineModule's
+    own partition (its model chunks s, s + pp, ... on rank s), else pp x virtual_stages chunks
+    split by parameters as PipelineModule's default partition_method does. A tied tensor is on
+    every stage that holds one of its layers."""
     if pp == 1:
-        return [(list(range(len(spec.numels))), (0, spec.num_layers))]
+        return [(list(range(len(spec.numels))), [(0, spec.num_layers)])]
     bounds = spec.pipeline_parts
     if bounds is None:
         from zeroshard.pipe.module import partition_layers
@@ -239,46 +264,46 @@ def _stage_layers(spec, pp: int):
         for i, n in enumerate(spec.numels):
             for layer in spec.layers_of(i):
                 counts[layer] += n
-        bounds = partition_layers(range(spec.num_layers), pp, "parameters", counts)
+        bounds = partition_layers(range(spec.num_layers), pp * virtual_stages, "parameters", counts)
     stages = []
     for s in range(pp):
         ranges = [(bounds[g], bounds[g + 1]) for g in range(s, len(bounds) - 1, pp)]
         tensors = [i for i in range(len(spec.numels))
                    if any(lo <= layer < hi for layer in spec.layers_of(i) for lo, hi in ranges)]
-        stages.append((tensors, (ranges[0][0], ranges[-1][1])))
+        stages.append((tensors, ranges))
     return stages
 
 
 def evaluate(setup: Setup, spec, world: int, cfg: dict, micro_batch: int, seq_len: int,
              micro_batches: int) -> Row:
-    """One setup's Row: every pipeline stage's bytes and activations, the busiest one's traffic."""
+    """One setup's Row: every pipeline stage's bytes and activations, the busiest one's traffic.
+    A pipeline's schedule (the config's pipeline.schedule and virtual_stages) decides how many
+    micro-batches each stage holds at once: a ValueError where the runtime refuses it."""
     z = resolved_settings(cfg)
     pp = setup.pipeline_stages
+    schedule, virtual_stages = schedule_of(cfg) if pp > 1 else ("", 1)
+    # Without a pipeline the engine runs each micro-batch's forward and backward before the next.
+    in_flight = schedule_in_flight(schedule, pp, micro_batches, virtual_stages) if pp > 1 else (1,)
     dp = world // pp
     h = DTYPE_BYTES[z.precision]
     comm = DTYPE_BYTES.get(z.communication_data_type, h)
     dec = spec.decoder
     acts = decoder_activations(dec, micro_batch, seq_len, h) if dec else None
     stages = []
-    layout = _stage_layers(spec, pp)
+    layout = _stage_layers(spec, pp, virtual_stages)
     holders = [sum(i in tensors for tensors, _ in layout) for i in range(len(spec.numels))]
-    for s, (tensors, (lo, hi)) in enumerate(layout):
+    for s, (tensors, ranges) in enumerate(layout):
         numels = [spec.numels[i] for i in tensors]
         b = model_state_bytes(numels, dp, z, spec.largest_module_numel(tensors))
         act = act_ckpt = None
         if acts is not None:
-            # Decoder layers of this stage (layer 0 is the embedding, the last the head), and the
-            # micro-batches a 1F1B stage holds at once: pp - s, at most all of them.
-            inflight = min(pp - s, micro_batches)
-            n = max(0, min(hi, dec.layers + 1) - max(lo, 1)) if pp > 1 else dec.layers
-            first, last = lo == 0, hi >= spec.num_layers or pp == 1
-            act = inflight * acts.peak(False, n, first, last)
-            act_ckpt = inflight * acts.peak(True, n, first, last)
+            act, act_ckpt = (_rank_activations(acts, spec, ranges, in_flight[s], ckpt) for ckpt in (False, True))
         net, off = traffic(z, numels, dp, micro_batches, h, comm)
         # A tied tensor's gradients are all-reduced once per step over the stages that hold it.
         net += sum(2 * (holders[i] - 1) / holders[i] * spec.numels[i] * comm for i in tensors if holders[i] > 1)
         if pp > 1 and dec:
-            net += pipeline_send_bytes(s, pp, micro_batches, micro_batch * seq_len * dec.hidden * h)
+            net += pipeline_send_bytes(s, pp, micro_batches, micro_batch * seq_len * dec.hidden * h,
+                                       virtual_stages)
         stages.append(StageNeeds(b, act, act_ckpt, int(net), off))
     row = Row(setup, cfg, z, stages, micro_batches)
     if acts is None:
@@ -288,11 +313,25 @@ def evaluate(setup: Setup, spec, world: int, cfg: dict, micro_batch: int, seq_le
     return row
 
 
-def pipeline_send_bytes(stage_index: int, pp: int, micro_batches: int, activation_bytes: int) -> int:
-    """What pipeline stage `stage_index` of `pp` sends point to point per step: every stage but
-    the last its output forward, every stage but the first the gradient of its input back, once
-    per micro-batch each (activation_bytes: one micro-batch's activation between stages)."""
-    return ((stage_index < pp - 1) + (stage_index > 0)) * micro_batches * activation_bytes
+def _rank_activations(acts, spec, ranges, held: int, checkpointing: bool) -> int:
+    """A rank's activations: `held` chunk-forwards in flight (the schedule's), each at most the
+    heaviest of the rank's model chunks `ranges` (exact with one chunk per rank). A chunk's
+    decoder layers are its layers but the embedding (layer 0) and the head (the last), which it
+    holds too where it has them."""
+    decoder_layers = spec.decoder.layers
+    return held * max(acts.peak(checkpointing, max(0, min(hi, decoder_layers + 1) - max(lo, 1)), lo == 0,
+                                hi >= spec.num_layers) for lo, hi in ranges)
+
+
+def pipeline_send_bytes(stage_index: int, pp: int, micro_batches: int, activation_bytes: int,
+                        virtual_stages: int = 1) -> int:
+    """What pipeline stage `stage_index` of `pp` sends point to point per step: each of its
+    model chunks but the model's last its output forward, each but the model's first the
+    gradient of its input back, once per micro-batch each (activation_bytes: one micro-batch's
+    activation between chunks)."""
+    forward = virtual_stages - (stage_index == pp - 1)
+    backward = virtual_stages - (stage_index == 0)
+    return (forward + backward) * micro_batches * activation_bytes
 
 
 def traffic(z: ZeroSettings, numels, dp: int, micro_batches: int, h: int, comm: int):
@@ -306,10 +345,10 @@ def traffic(z: ZeroSettings, numels, dp: int, micro_batches: int, h: int, comm: 
     every rank), whose updated values are all-gathered once per step."""
     traits = _C.layout.stage_traits(z.stage)
     total, padded, _ = _C.layout.flat_layout(list(numels), dp)
-    chunks, shard = _C.layout.chunk_layout(list(numels), dp)
+    _, shard = _C.layout.chunk_layout(list(numels), dp)
     f = (dp - 1) / dp
     if traits["partitions_params"]:
-        persistent = sum(n for n in numels if n < z.stage3_param_persistence_threshold)
+        persistent = sum(n for n in numels if z.is_persistent(n))
         psi = shard * dp
         network = micro_batches * (f * psi * comm + 2 * f * (psi - persistent) * h) + f * persistent * h
         owned = shard

@@ -62,6 +62,11 @@ class ZeroSettings:
                    param_buffer_count=int(z["offload_param"]["buffer_count"]),
                    offload_ratio=float(z["offload_optimizer"].get("ratio", 1.0)))
 
+    def is_persistent(self, numel: int) -> bool:
+        """Whether ZeRO-3 keeps a tensor of `numel` elements whole on every rank (the rule of
+        zero/param_gatherer.cpp, which the planner's bytes and traffic both follow)."""
+        return numel < self.stage3_param_persistence_threshold
+
 
 def model_state_bytes(numels, world_size: int, z: ZeroSettings, largest_module_numel: int = 0) -> dict:
     """One rank's bytes by category at the peak of a training step (stage 3's gradient shard is
@@ -80,7 +85,7 @@ def model_state_bytes(numels, world_size: int, z: ZeroSettings, largest_module_n
     traits = _C.layout.stage_traits(z.stage)
     stage3 = traits["partitions_params"]
     owned = chunk_shard if stage3 else padded // world_size if traits["shards_optimizer_state"] else padded
-    persistent = sum(n for n in numels if n < z.stage3_param_persistence_threshold) if stage3 else 0
+    persistent = sum(n for n in numels if z.is_persistent(n)) if stage3 else 0
     params_on_host = z.offload_param != "none"
     # The 16-bit (or fp32) model copy: whole at stages 0-2; this rank's chunks at stage 3, plus
     # the persistent parameters whole on every rank (on the device, whatever offload_param says).
@@ -96,13 +101,13 @@ def model_state_bytes(numels, world_size: int, z: ZeroSettings, largest_module_n
             # Chunks on NVMe: those of persistent parameters stay in host memory; the others come in
             # for the gathers and the reads ahead of them (at most the live cap and a prefetch
             # bucket) and stay while they fit offload_param.max_in_cpu. An upper bound.
-            persistent_chunks = sum(c for c, n in zip(chunks, numels) if n < z.stage3_param_persistence_threshold)
+            persistent_chunks = sum(c for c, n in zip(chunks, numels) if z.is_persistent(n))
             ahead = live_bound(z, largest_module_numel) + z.stage3_prefetch_bucket_size
             held = z.max_in_cpu + _chunk_of(ahead, world_size)
             b["host_parameters"] = h * min(chunk_shard, persistent_chunks + held)
             # One swap-file region per non-persistent chunk (zero/param_swap.cpp): exact.
             b["nvme"] += sum(_C.layout.swap_region_bytes(h * c, 0) for c, n in zip(chunks, numels)
-                             if c and n >= z.stage3_param_persistence_threshold)
+                             if c and not z.is_persistent(n))
     b["gradients"] = h * (padded if traits["keeps_full_grads"] else owned)
     # fp32 master: the fp32 model copy itself where both live on the device.
     master = 0 if z.precision == "fp32" and z.offload_optimizer == "none" and not params_on_host else 4 * owned

@@ -305,7 +305,7 @@ SCENARIOS = [
         "worker-3": {"ssh": ("FAIL auth", "worker-3: ssh: permission denied: the host refused every key"),
                      **{c: ("-", "") for c in list(ALL_OK)[1:]}},
         "worker-0": {"memory": ("not planned", "memory: skipped (not planned): pass --num_params"),
-                     "backend": ("-", "backend: skipped: only 1 host reachable (worker-3 could not take part)")}}),
+                     "backend": ("-", "backend: skipped: only 1 host can take part (worker-3 could not)")}}),
     ("port_blocked", ["worker-0", "worker-1"], (1, 29500), [], {
         "worker-1": {"port": ("FAIL", "worker-1: port: cannot connect to 192.168.251.1:29500 (the "
                                       "rendezvous, on worker-0): timed out after 5 s"), "backend": ("-", ""),
