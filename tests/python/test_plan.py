@@ -379,6 +379,18 @@ def test_plan_recommends_the_fastest_that_fits(kwargs, name, checkpointing):
         assert cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] == "/local_nvme", cfg
 
 
+def test_a_pipeline_module_with_virtual_stages_is_planned_interleaved():
+    """Its config must carry its chunks per rank: the engine refuses a count other than the module's."""
+    from zeroshard.planner.model import ModelSpec
+    from zeroshard.planner.plan import _with_module_chunks
+    spec = ModelSpec("m", pipeline_stages=2, pipeline_parts=[0, 1, 2, 3, 4])  # 2 stages x 2 chunks
+    assert _with_module_chunks({}, spec)["pipeline"] == {"virtual_stages": 2, "schedule": "interleaved_1f1b"}
+    named = {"pipeline": {"schedule": "zero_bubble"}}  # the runtime refuses it with 2 chunks, by name
+    assert _with_module_chunks(named, spec)["pipeline"]["schedule"] == "zero_bubble"
+    one = ModelSpec("m", pipeline_stages=2, pipeline_parts=[0, 2, 4])
+    assert _with_module_chunks({"a": 1}, one) == {"a": 1}
+
+
 def test_a_pipeline_plan_runs_as_many_micro_batches_as_stages_and_says_so():
     import zeroshard
     p = zeroshard.plan(SMALL, gpus_per_node=8, device_memory="80GB", host_memory="1TB", pipeline_stages=[2])

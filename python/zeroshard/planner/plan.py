@@ -130,7 +130,7 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
     if isinstance(config, (str, os.PathLike)):
         with open(config) as f:
             config = json.load(f)
-    base = dict(config or {})
+    base = _with_module_chunks(dict(config or {}), spec)
     if precision is None and not any(base.get(k, {}).get("enabled") for k in ("bf16", "fp16")):
         precision = "bf16" if not any(k in base for k in ("bf16", "fp16")) else None
     if precision not in (None, "fp32", "bf16", "fp16"):
@@ -177,6 +177,19 @@ def plan(model, *, gpus_per_node: int, nodes: int = 1, device_memory, host_memor
 def _micro_batches(pp: int, gradient_accumulation_steps: int) -> int:
     """A pipeline runs at least as many micro-batches as stages, or it is all bubble."""
     return max(gradient_accumulation_steps, pp) if pp > 1 else gradient_accumulation_steps
+
+
+def _with_module_chunks(base: dict, spec) -> dict:
+    """A PipelineModule built with virtual_stages > 1 runs only under a config that says so (the
+    engine refuses another count), interleaved unless the config names a schedule: the planned
+    and written configs carry it."""
+    parts = spec.pipeline_parts
+    if not parts or len(parts) - 1 == spec.pipeline_stages:
+        return base
+    pipe = dict(base.get("pipeline", {}))
+    pipe["virtual_stages"] = (len(parts) - 1) // spec.pipeline_stages
+    pipe.setdefault("schedule", "interleaved_1f1b")
+    return {**base, "pipeline": pipe}
 
 
 def _runnable_stages(asked: list, spec, hw: Hardware, notes: list, base: dict,
