@@ -2,7 +2,7 @@
 ~100M GPT at ZeRO stage 3, world 2 (CPU, Gloo, one thread per rank), measured inside one pair of
 processes so that both sides of each comparison share the machine's state:
 
-    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--steps-each 12]
+    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--steps-each 36]
 
 Steps rotate through three kinds (each after each other kind equally often), so that the
 machine's drift falls on every side alike:
@@ -17,6 +17,7 @@ A step's time is the slower rank's (forward, backward, step). Prints one table; 
 import argparse
 import gc
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ ROTATION = ("plain", "comms", "trace", "plain", "trace", "comms")
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps-each", dest="each", type=int, default=12, help="timed steps of each kind (even)")
+    p.add_argument("--steps-each", dest="each", type=int, default=36, help="timed steps of each kind (even)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
@@ -104,15 +105,25 @@ def main():
     if rank != 0:
         return
     plain = statistics.median(times["plain"])
-    print("| steps | ms/step (median) | against plain | min-max | rank 0's gc pauses (ms/step, mean) |")
-    print("|---|---|---|---|---|")
+    print("| steps | ms/step (median) | against plain | 90% interval (bootstrap) | min-max | rank 0's gc pauses (ms/step, mean) |")
+    print("|---|---|---|---|---|---|")
     for kind in KINDS:
         med = statistics.median(times[kind])
-        print(f"| {kind} | {med:.0f} | {100 * (med / plain - 1):+.1f}% | {min(times[kind]):.0f}-{max(times[kind]):.0f} "
-              f"| {statistics.mean(gc_ms[kind]):.0f} |")
+        lo, hi = _interval(times[kind], times["plain"])
+        print(f"| {kind} | {med:.0f} | {100 * (med / plain - 1):+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
+              f"| {min(times[kind]):.0f}-{max(times[kind]):.0f} | {statistics.mean(gc_ms[kind]):.0f} |")
     print(f"\nsteps of each kind: {a.each}; events a traced step recorded on rank 0: {events}; "
           f"writing one traced step's files (per rank, the merge on rank 0): {write_ms:.0f} ms; "
           f"files in {out_dir}")
+
+
+def _interval(kind_ms, plain_ms, rounds=2000):
+    """A 90% bootstrap interval of median(kind) / median(plain) - 1, in percent: how far the
+    machine's step-to-step spread leaves the estimate."""
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(kind_ms, k=len(kind_ms))) /
+                    statistics.median(rng.choices(plain_ms, k=len(plain_ms))) - 1 for _ in range(rounds))
+    return 100 * ratios[int(0.05 * rounds)], 100 * ratios[int(0.95 * rounds)]
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ resident memory. When the traced steps end, each rank writes <output_path>/trace
 rank 0 writes trace_merged.json, the ranks as separate processes, each rank's clock starting at a
 barrier all ranks passed together. Steps [] traces until the engine ends (files at exit, merged
 by zeroshard-report)."""
+import gc
 import json
 import os
 
@@ -59,6 +60,10 @@ class _ModuleSpans:
         self._open = {}  # id(module) -> [(start_ns, first autograd sequence number)]
         self._node_starts = {}  # id(autograd node) -> (node, [first gradient's time]), this step's
         self._handles = []
+        # The hooks below allocate per module and micro-step, which sets off the garbage
+        # collector's full passes over the whole heap (torch's objects included): frozen, the
+        # heap that was there before the trace is left out of them until the trace ends.
+        gc.freeze()
         for name, m in module.named_modules():
             label = name or type(module).__name__
             self._handles.append(m.register_forward_pre_hook(lambda mod, args: self._pre(mod)))
@@ -117,6 +122,7 @@ class _ModuleSpans:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        gc.unfreeze()
 
 
 def _tensors(value):
