@@ -62,8 +62,11 @@ class _ModuleSpans:
         self._handles = []
         # The hooks below allocate per module and micro-step, which sets off the garbage
         # collector's full passes over the whole heap (torch's objects included): frozen, the
-        # heap that was there before the trace is left out of them until the trace ends.
-        gc.freeze()
+        # heap that was there before the trace is left out of them until the trace ends. Not
+        # when the script froze a heap itself: unfreezing would undo its freeze too.
+        self._froze = gc.get_freeze_count() == 0
+        if self._froze:
+            gc.freeze()
         for name, m in module.named_modules():
             label = name or type(module).__name__
             self._handles.append(m.register_forward_pre_hook(lambda mod, args: self._pre(mod)))
@@ -122,7 +125,9 @@ class _ModuleSpans:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        gc.unfreeze()
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False
 
 
 def _tensors(value):
