@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import backends, runner
+from . import backends, hosts
 from .backends import Job
 from .check_report import (COLUMNS, LEGEND, Cell, backend_of, classify_ssh_failure, device_cell, failed, failures,
                            memory_cell, not_run, nvme_cell, passed, render, version_cells)
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check every host a job would use (ssh, versions, devices, memory, NVMe, rendezvous "
                     "port, backend all-reduce) and print one table; exit status 0 only when all pass.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    runner.add_host_arguments(p)  # the launcher's own flags: both read them the same way
+    hosts.add_host_arguments(p)  # the launcher's own flags: both read them the same way
     p.add_argument("--config", "--deepspeed_config", dest="config", default=None,
                    help="ds_config.json: NVMe paths to check, offload settings for the planned host memory")
     p.add_argument("--num_params", type=float, default=None,
@@ -359,38 +359,38 @@ def load_config(path: str | None) -> dict:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except OSError as e:
-        raise runner.LaunchError(f"--config {path}: {e.strerror}") from None
+        raise hosts.LaunchError(f"--config {path}: {e.strerror}") from None
     except ValueError as e:
-        raise runner.LaunchError(f"--config {path}: not JSON ({e})") from None
+        raise hosts.LaunchError(f"--config {path}: not JSON ({e})") from None
     if not isinstance(config, dict):
-        raise runner.LaunchError(f"--config {path}: expected a JSON object, got {type(config).__name__}")
+        raise hosts.LaunchError(f"--config {path}: expected a JSON object, got {type(config).__name__}")
     return config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(runner.glue_launcher_args(sys.argv[1:] if argv is None else argv, parser))
+    args = parser.parse_args(hosts.glue_launcher_args(sys.argv[1:] if argv is None else argv, parser))
     if args.num_params is not None and args.num_params < 1:
         parser.error(f"--num_params: got {args.num_params:g}, expected the model's parameter count "
                      "(e.g. 7e9)")
     if args.timeout <= 0:
         parser.error(f"--timeout: got {args.timeout:g}, expected seconds > 0")
     try:
-        pool, _ = runner.resource_pool(args)
+        pool, _ = hosts.resource_pool(args)
         resources = select_resources(pool, args.include, args.exclude, args.num_nodes, args.num_gpus)
         config = load_config(args.config)
         try:
             memory = host_bytes_by_ranks_per_node(config, args.num_params, [len(s) for s in resources.values()])
         except ValueError as e:
-            raise runner.LaunchError(f"--config {args.config or '(none)'}: {e}") from None
+            raise hosts.LaunchError(f"--config {args.config or '(none)'}: {e}") from None
         remote = len(resources) > 1 or args.force_multi
         # The port the launcher would use: across nodes its default; alone, a free one (or the asked one).
-        port = args.master_port if args.master_port is not None else runner.rendezvous_port(None, not remote)
+        port = args.master_port if args.master_port is not None else hosts.rendezvous_port(None, not remote)
         cwd = os.getcwd()
         job = Job(python=sys.executable, script="", script_args=[], cwd=cwd,
                   exports=collect_exports(dict(os.environ), cwd), master_addr=args.master_addr,
                   master_port=port, launcher_args=shlex.split(args.launcher_args), ssh_port=args.ssh_port)
-    except (runner.LaunchError, HostfileError, EnvFileError, OSError) as e:
+    except (hosts.LaunchError, HostfileError, EnvFileError, OSError) as e:
         print(f"zeroshard check: {e}", file=sys.stderr)
         return 2
     return Check(args, resources, config, job, remote, memory).run()

@@ -6,7 +6,6 @@ import argparse
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,42 +22,16 @@ if not __package__:  # run by path: load this folder as a package, skipping zero
 
 from . import backends
 from .backends import Job
-from .devices import local_gpu_ids
-from .discovery import DEFAULT_MASTER_PORT
 from .envfile import ENV_FILE_NAMES, EnvFileError, collect_exports
-from .hostfile import HostfileError, parse_hostfile, select_resources
+from .hostfile import HostfileError, select_resources
+# The host flags and helpers `zeroshard check` shares (hosts.py), here under their old names too.
+from .hosts import (DEFAULT_PORT, LaunchError, add_host_arguments,  # noqa: F401
+                    glue_launcher_args, rendezvous_port, resource_pool)
 from .nodes import NodeProcess, run_nodes
 
-DEFAULT_HOSTFILE = "/job/hostfile"
 # DeepSpeed's name for the per-user exports file (accelerate's launcher writes to it).
 DEEPSPEED_ENVIRONMENT_NAME = ENV_FILE_NAMES[0]
-DEFAULT_PORT = int(DEFAULT_MASTER_PORT)  # for nodes that must agree on one without talking
 LAUNCHERS = ("ssh", "pdsh", "openmpi", "slurm")
-
-
-class LaunchError(Exception):
-    """A problem the user can fix; printed as `zeroshard: <message>`, exit status 1."""
-
-
-def add_host_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that pick hosts, slots and the rendezvous: the launcher's, and `zeroshard check`'s."""
-    p.add_argument("-H", "--hostfile", default=None,
-                   help=f'"<host> slots=<n>" per line (default {DEFAULT_HOSTFILE}; '
-                        "absent: this machine only)")
-    p.add_argument("-i", "--include", default="", help="hosts/slots to use, e.g. worker-0@worker-1:0,2")
-    p.add_argument("-e", "--exclude", default="", help="hosts/slots to leave out, same syntax")
-    p.add_argument("--num_nodes", type=int, default=-1, help="use the first N hosts")
-    p.add_argument("--num_gpus", "--num_accelerators", dest="num_gpus", type=int, default=-1,
-                   help="ranks per host (slots 0..N-1); without GPUs, N CPU processes per host")
-    p.add_argument("--master_addr", default="", help="rank 0's address (found when absent)")
-    p.add_argument("--master_port", type=int, default=None,
-                   help=f"rendezvous port (default: a free one for a run on this machine alone, "
-                        f"{DEFAULT_PORT} across nodes)")
-    p.add_argument("--launcher_args", default="",
-                   help="extra arguments for ssh / pdsh / mpirun / srun, shell-split")
-    p.add_argument("--ssh_port", type=int, default=None)
-    p.add_argument("--force_multi", action="store_true",
-                   help="use the multi-node path (ssh) even for a single host")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,23 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user_script", help="training script (or module / program)")
     p.add_argument("user_args", nargs=argparse.REMAINDER)
     return p
-
-
-def _warn(text: str) -> None:
-    print(f"zeroshard: warning: {text}", file=sys.stderr, flush=True)
-
-
-def resource_pool(args: argparse.Namespace) -> tuple[dict[str, list[int]], bool]:
-    """({host: [slots]}, from_hostfile)."""
-    path = args.hostfile or DEFAULT_HOSTFILE
-    if os.path.isfile(path):
-        pool = parse_hostfile(path)
-        return {h: list(range(n)) for h, n in pool.items()}, True
-    if args.hostfile is not None:
-        raise LaunchError(f"hostfile {path} not found")
-    _warn(f"no hostfile at {DEFAULT_HOSTFILE}; running on this machine only")
-    gpus = local_gpu_ids()
-    return {"localhost": gpus if gpus is not None else [0]}, False
 
 
 def check_reachable(job: Job, hosts: list[str]) -> None:
@@ -134,22 +90,6 @@ def find_master_addr(job: Job, host: str) -> str:
         raise LaunchError(f"could not find {host}'s address: `{shlex.join(argv)}` exited "
                           f"{out.returncode} {out.stderr.strip()!r}; pass --master_addr")
     return addrs[0]
-
-
-def rendezvous_port(asked: int | None, alone: bool) -> int:
-    """The port rank 0's store listens on. On this machine alone: a free one when none was asked
-    for, and an asked-for port that something already holds is an error naming it."""
-    if not alone:
-        return DEFAULT_PORT if asked is None else asked
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
-        try:
-            s.bind(("", 0 if asked is None else asked))
-        except OSError as e:
-            raise LaunchError(f"--master_port {asked}: the port is in use on this machine ({e.strerror}; "
-                              "another job's rendezvous?); pass a free port, or leave --master_port out "
-                              "and a free one is picked") from None
-        return s.getsockname()[1]
 
 
 def _need(program: str, launcher: str) -> None:
@@ -227,29 +167,6 @@ def plan(args: argparse.Namespace) -> tuple[list[NodeProcess], list[str]]:
                           "(use --num_gpus)")
     argv = backends.slurm_argv(job, len(hosts), per_node.pop(), hosts)
     return [NodeProcess("srun", argv, env, False)], []
-
-
-def glue_launcher_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """`--launcher_args "-i key"` -> `--launcher_args=-i key`: argparse would take a value starting
-    with '-' for an option. Only the launcher's own options (before the script) are looked at."""
-    takes_value = {s for a in parser._actions if a.nargs is None and a.option_strings
-                   and not isinstance(a, (argparse._StoreTrueAction, argparse._HelpAction))
-                   for s in a.option_strings}
-    out, i = [], 0
-    while i < len(argv):
-        token = argv[i]
-        if token == "--launcher_args" and i + 1 < len(argv):
-            out.append(f"--launcher_args={argv[i + 1]}")
-            i += 2
-            continue
-        if not token.startswith("-") or token == "--":
-            return out + argv[i:]       # the script and its arguments: untouched
-        out.append(token)
-        if token in takes_value and i + 1 < len(argv):
-            out.append(argv[i + 1])
-            i += 1
-        i += 1
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from zeroshard.launcher import backends, runner
+from zeroshard.launcher import backends, hosts, runner
 from zeroshard.launcher.launch import NodeSupervisor, parse_args as spawner_args
 
 FAKE = r'''#!{python}
@@ -38,7 +38,7 @@ def fakes(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(runner, "DEFAULT_HOSTFILE", str(tmp_path / "no-such-hostfile"))
+    monkeypatch.setattr(hosts, "DEFAULT_HOSTFILE", str(tmp_path / "no-such-hostfile"))  # read by resource_pool
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
