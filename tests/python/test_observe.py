@@ -286,6 +286,34 @@ def test_max_events_bounds_the_module_spans_and_the_runtimes_events_together(tmp
     assert len(kept) == 1000 and trace["otherData"]["dropped_events"] > 0, (len(kept), trace["otherData"])
 
 
+def _freeze_worker(root, script_froze):
+    import gc
+    import torch
+    import zeroshard
+    if script_froze:
+        gc.freeze()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "zero_optimization": {"stage": 3}, "trace": {"enabled": True, "output_path": root, "steps": [2]}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    counts = [gc.get_freeze_count()]
+    for _ in range(3):
+        loss = engine(torch.randn(2, 8)).sum()
+        counts.append(gc.get_freeze_count())  # inside step 1, 2 (traced), 3
+        engine.backward(loss)
+        engine.step()
+    return counts + [gc.get_freeze_count()]
+
+
+@pytest.mark.parametrize("script_froze", [False, True], ids=["plain", "script-froze"])
+def test_the_trace_freezes_the_heap_only_for_its_window_and_keeps_a_scripts_freeze(tmp_path, script_froze):
+    before, step1, traced, step3, after = run_distributed(_freeze_worker, 1, str(tmp_path), script_froze, timeout=120)[0]
+    if script_froze:  # frozen objects that die leave the count; only gc.freeze adds to it
+        assert before > 0 and after > 0 and max(step1, traced, step3, after) <= before, (before, traced, after)
+    else:
+        assert before == step1 == step3 == after == 0 and traced > 0
+
+
 def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch, tmp_path, capsys):
     from zeroshard import report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError

@@ -383,10 +383,12 @@ def test_a_pipeline_module_with_virtual_stages_is_planned_interleaved():
     """Its config must carry its chunks per rank: the engine refuses a count other than the module's."""
     from zeroshard.planner.model import ModelSpec
     from zeroshard.planner.plan import _with_module_chunks
-    spec = ModelSpec("m", pipeline_stages=2, pipeline_parts=[0, 1, 2, 3, 4])  # 2 stages x 2 chunks
+    spec = ModelSpec("m", pipeline_stages=2, pipeline_parts=[0, 1, 2, 3, 4], pipeline_virtual_stages=2)
     assert _with_module_chunks({}, spec)["pipeline"] == {"virtual_stages": 2, "schedule": "interleaved_1f1b"}
     named = {"pipeline": {"schedule": "zero_bubble"}}  # the runtime refuses it with 2 chunks, by name
     assert _with_module_chunks(named, spec)["pipeline"]["schedule"] == "zero_bubble"
+    with pytest.raises(ValueError, match=r"pipeline.virtual_stages: got 3, the PipelineModule was built with virtual_stages=2"):
+        _with_module_chunks({"pipeline": {"virtual_stages": 3}}, spec)
     one = ModelSpec("m", pipeline_stages=2, pipeline_parts=[0, 2, 4])
     assert _with_module_chunks({"a": 1}, one) == {"a": 1}
 

@@ -101,4 +101,6 @@ def test_llama_activation_estimate_within_10_percent_of_saved_tensors(shape, dty
     got = measured_llama_peak(dtype, checkpointing, b, hf)
     acts = decoder_activations(decoder_from_hf(hf), b, hf.max_position_embeddings, dtype.itemsize)
     planned = acts.peak(checkpointing)
-    assert abs(planned - got) <= 0.10 * got, (planned, got)
+    assert abs(planned - got) <= 0.10 * got, (planned, got)  # the bound
+    # Tensor by tensor it is exact but for a scalar or two (nll_loss's): drift shows here first.
+    assert abs(planned - got) <= 64, (planned, got)

@@ -62,10 +62,13 @@ class _ModuleSpans:
         self._handles = []
         # The hooks below allocate per module and micro-step, which sets off the garbage
         # collector's full passes over the whole heap (torch's objects included): frozen, the
-        # heap that was there before the trace is left out of them until the trace ends. Not
-        # when the script froze a heap itself: unfreezing would undo its freeze too.
+        # heap that was there before the trace is left out of them until the trace ends. Its
+        # garbage is collected first, so nothing unreachable is kept for the window. Not when the
+        # script froze a heap itself: unfreezing would undo its freeze too. The freeze is the
+        # process's: a second trace in the process finds it taken and leaves it to the first.
         self._froze = gc.get_freeze_count() == 0
         if self._froze:
+            gc.collect()
             gc.freeze()
         for name, m in module.named_modules():
             label = name or type(module).__name__

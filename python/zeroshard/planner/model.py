@@ -58,6 +58,7 @@ class ModelSpec:
     # num_stages x virtual_stages model chunks (PipelineModule.parts).
     pipeline_stages: int = 0
     pipeline_parts: list | None = None
+    pipeline_virtual_stages: int = 1  # its model chunks per rank
     # Tensors a pipeline holds in more than one layer (a tied embedding, TiedLayerSpec): tensor
     # index -> the other layers; every stage holding one of them keeps its own copy.
     tied_layers: dict = field(default_factory=dict)
@@ -241,6 +242,7 @@ def model_spec(model, name: str = "") -> ModelSpec:
     if isinstance(model, PipelineModule):
         s = spec_from_layers(model.layer_specs, name or type(model).__name__)
         s.pipeline_stages, s.pipeline_parts = model.num_stages, list(model.parts)
+        s.pipeline_virtual_stages = model.virtual_stages
         return s
     if isinstance(model, (list, tuple, torch.nn.Sequential)):
         return spec_from_layers(list(model), name)

@@ -183,11 +183,14 @@ def _with_module_chunks(base: dict, spec) -> dict:
     """A PipelineModule built with virtual_stages > 1 runs only under a config that says so (the
     engine refuses another count), interleaved unless the config names a schedule: the planned
     and written configs carry it."""
-    parts = spec.pipeline_parts
-    if not parts or len(parts) - 1 == spec.pipeline_stages:
+    chunks = spec.pipeline_virtual_stages
+    if chunks == 1:
         return base
     pipe = dict(base.get("pipeline", {}))
-    pipe["virtual_stages"] = (len(parts) - 1) // spec.pipeline_stages
+    if pipe.get("virtual_stages", chunks) != chunks:
+        raise ValueError(f"plan: config: pipeline.virtual_stages: got {pipe['virtual_stages']}, the "
+                         f"PipelineModule was built with virtual_stages={chunks}; give the same to both")
+    pipe["virtual_stages"] = chunks
     pipe.setdefault("schedule", "interleaved_1f1b")
     return {**base, "pipeline": pipe}
 
