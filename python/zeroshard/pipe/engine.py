@@ -13,6 +13,7 @@ from zeroshard.log import log_rank0, note_rank0
 from zeroshard.pipe import PipelineError
 from zeroshard.pipe.executor import TrainStep
 from zeroshard.pipe.p2p import StageLinks
+from zeroshard.pipe.schedule import build_schedule, pipeline_accepts
 
 _TRAIN_ONLY = ("Only train_batch() and eval_batch() are accessible in pipeline mode: a pipeline "
                "runs forward, backward and step for all micro-batches of a batch together")
@@ -63,8 +64,7 @@ class PipelineEngine(ZeroShardEngine):
 
     def _data_parallel_size(self, mpu):
         stage = _C.engine_settings(self._config)["stage"]
-        # The stage's trait, not its number: the planner's pipeline_accepts asks the same.
-        if not _C.layout.stage_traits(stage)["keeps_full_grads"]:
+        if not pipeline_accepts(stage):
             raise ValueError(f"zero_optimization.stage: got {stage} with a PipelineModule; a "
                              "pipeline runs with stage 0 or 1 across its data-parallel axis (stages "
                              "2 and 3 reduce or gather every micro-batch, which the schedule's "
@@ -91,11 +91,8 @@ class PipelineEngine(ZeroShardEngine):
         settings = self._settings["pipeline"]
         self._check_pipeline_config(settings)
         self._schedule = settings["schedule"]
-        try:
-            lists, report = _C.pipeline.build(self._schedule, self.module.num_stages, self._gas,
-                                              self.module.virtual_stages)
-        except ValueError as error:  # the schedule's own rules (pipeline/schedule.cpp), in config terms
-            raise ValueError(_in_config_terms(str(error), self._gas, self._schedule)) from None
+        lists, report = build_schedule(self._schedule, self.module.num_stages, self._gas,
+                                       self.module.virtual_stages)
         self._instructions = lists[self.module.stage_id]
         self._schedule_report = report
 
@@ -329,24 +326,6 @@ def _to(part, device):
     if isinstance(part, (tuple, list)):
         return tuple(_to(p, device) for p in part)
     return part.to(device) if torch.is_tensor(part) else part
-
-
-# The arguments of pipeline/schedule.cpp's validate_schedule_args, by the config key each comes
-# from; its messages start "<argument>: got ...".
-# (num_stages comes from the PipelineModule, which checks it first.)
-_SCHEDULE_ARGS = {"num_micro_batches": "gradient_accumulation_steps", "virtual_stages": "pipeline.virtual_stages"}
-
-
-def _in_config_terms(message, gas, schedule):
-    """A schedule rule's error under the config key it is about: the micro-batch rule reads as
-    gradient_accumulation_steps (and says which schedule counts them), the others keep their own
-    argument as its key; anything else passes as it is."""
-    argument, sep, rest = message.partition(": ")
-    if not sep or argument not in _SCHEDULE_ARGS:
-        return message
-    if argument == "num_micro_batches":
-        return f"gradient_accumulation_steps: got {gas}, the schedule's micro-batches ({schedule}): {message}"
-    return f"{_SCHEDULE_ARGS[argument]}: {rest}"
 
 
 def _repeat(loader):

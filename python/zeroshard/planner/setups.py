@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from zeroshard import _C
+from zeroshard.pipe.schedule import build_schedule, pipeline_accepts
 from zeroshard.planner.activations import decoder_activations
 from zeroshard.planner.states import (DEFAULT_OPTIMIZER, DEVICE_CATEGORIES, DTYPE_BYTES, HOST_CATEGORIES,
                                       ZeroSettings, model_state_bytes)
@@ -61,13 +62,6 @@ def runtime_accepts(stage: int, offload_optimizer: str, offload_param: str) -> b
     except _C.ConfigError:
         return False
     return True
-
-
-def pipeline_accepts(stage: int) -> bool:
-    """Whether a PipelineModule runs with ZeRO `stage` (pipe/engine.py refuses the others): only
-    stages that keep whole gradients, reduced once per step; a stage that reduces or gathers
-    every micro-batch does not fit the schedule's interleaving of micro-batches."""
-    return _C.layout.stage_traits(stage)["keeps_full_grads"]
 
 
 def candidate_setups(pipeline_stages=(1,), nvme=True):
@@ -237,11 +231,7 @@ def schedule_in_flight(schedule: str, pp: int, micro_batches: int, virtual_stage
     still alive (zero_bubble keeps it past the input-gradient pass until the weight pass; the
     other schedules free it with the activations). A ValueError, in config terms, for a shape
     the runtime refuses (interleaved_1f1b's micro-batches, virtual_stages of another schedule)."""
-    try:
-        _, report = _C.pipeline.build(schedule, pp, micro_batches, virtual_stages)
-    except ValueError as error:
-        from zeroshard.pipe.engine import _in_config_terms  # the engine's wording of the same refusal
-        raise ValueError(_in_config_terms(str(error), micro_batches, schedule)) from None
+    _, report = build_schedule(schedule, pp, micro_batches, virtual_stages)
     return tuple(report["peak_graphs"])
 
 
