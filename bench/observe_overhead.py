@@ -1,19 +1,21 @@
 """The step-time cost of the per-rank trace and of the comms logger, on bench/zero_step.py's
-~100M GPT at ZeRO stage 3, world 2 (CPU, Gloo, one thread per rank), measured inside one pair of
-processes so that both sides of each comparison share the machine's state:
+~100M GPT at ZeRO stage 3 (CPU, Gloo, one thread per rank), measured inside one set of processes
+so that both sides of each comparison share the machine's state:
 
-    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--steps-each 36]
+    python3 -m zeroshard.launcher.runner --num_gpus 2 bench/observe_overhead.py [--blocks-each 6]
 
-Steps rotate through three kinds (each after each other kind equally often), so that the
-machine's drift falls on every side alike:
+Steps run in blocks of consecutive steps of one kind, as a traced window runs (a step's cost
+also shows in the step after it: a step after a traced one was seen to run ~15% slower, which
+alternating single steps charges to the other kinds). Blocks rotate through three kinds, each
+after each other kind equally often, so that the machine's drift falls on every kind alike:
 - plain: nothing recorded;
 - comms: the comms logger on (it is read on every collective);
-- trace: the engine's trace records the step as a traced window's step does (module spans,
-  collectives, waits, gathers, copies, memory counters); the window's start (a barrier, a gc
-  pass) is made before the timed part and what it recorded is dropped after it, so neither the
-  start nor the file writing (timed apart once, at the end) counts in a traced step.
-
-A step's time is the slower rank's (forward, backward, step). Prints one table; timings only."""
+- trace: one traced window over the block (module spans, collectives, waits, gathers, copies,
+  memory counters); its start (a barrier, a gc pass, the hooks attached) is made before the
+  block's timed steps and what it recorded is dropped after them, so neither the start nor the
+  file writing (timed apart once, at the end) counts in a traced step.
+The first step of every block is left out (it carries the step before it). A step's time is the
+slower rank's (forward, backward, step). Prints one table; timings only."""
 import argparse
 import gc
 import os
@@ -30,18 +32,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
 KINDS = ("plain", "comms", "trace")
-# Each kind follows each other kind equally often: a step can cost more after a certain kind.
+# Each kind of block follows each other kind equally often: a step can cost more after a certain kind.
 ROTATION = ("plain", "comms", "trace", "plain", "trace", "comms")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps-each", dest="each", type=int, default=36, help="timed steps of each kind (even)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even)")
+    p.add_argument("--block", type=int, default=7, help="steps per block (the first is left out)")
+    p.add_argument("--warmup", type=int, default=1, help="plain blocks first, not counted")
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
-    if a.each < 2 or a.each % 2:
-        p.error(f"--steps-each: got {a.each}, expected an even number >= 2 (the rotation's two orders)")
+    if a.blocks < 2 or a.blocks % 2:
+        p.error(f"--blocks-each: got {a.blocks}, expected an even number >= 2 (the rotation's two orders)")
+    if a.block < 2:
+        p.error(f"--block: got {a.block}, expected >= 2 (a block's first step is left out)")
     torch.set_num_threads(1)
     import zeroshard
     from zeroshard import _C
@@ -70,16 +75,9 @@ def main():
             pause["total"] += time.perf_counter() - pause["start"]
     gc.callbacks.append(on_gc)
     events = 0
-    plan = ["plain"] * a.warmup + [ROTATION[i % len(ROTATION)] for i in range(len(KINDS) * a.each)] + ["write"]
-    for step, kind in enumerate(plan, start=1):
-        _C.comms.configure(kind == "comms", False, True, False, [], rank)
-        # Trace's step_begins would start a window on any step (steps []): this loop starts them.
-        tracer._done = True
+
+    def run_step(step):
         batch = torch.stack([data[(step * world + rank) % len(data)]])
-        if kind in ("trace", "write"):
-            # A window's start (its barrier, a gc pass, the hooks attached) happens once per
-            # window: outside the timed part, as the file writing at its end.
-            tracer._start()
         dist.barrier()
         pause["total"] = 0.0
         t = time.perf_counter()
@@ -87,46 +85,69 @@ def main():
         engine.backward(loss)
         engine.step()
         seconds = torch.tensor([time.perf_counter() - t])
-        collected = pause["total"]
-        # The trace's internals drive this: check they did what each kind means.
-        assert _C.trace.on() == (kind in ("trace", "write")), (step, kind)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return float(seconds) * 1e3, pause["total"] * 1e3
+
+    blocks = ["plain"] * a.warmup + [ROTATION[i % len(ROTATION)] for i in range(len(KINDS) * a.blocks)]
+    step = 0
+    for number, kind in enumerate(blocks):
+        _C.comms.configure(kind == "comms", False, True, False, [], rank)
+        tracer._done = True  # Trace's step_begins would start a window on any step (steps []): this loop does
+        if kind == "trace":
+            tracer._start()  # a window's start, once per window: outside the timed steps
+        timed = []
+        for i in range(a.block):
+            step += 1
+            if kind == "trace":
+                tracer._spans.new_step()  # as Trace.step_begins does on each step of a window
+            ms, collected = run_step(step)
+            # The trace's internals drive this: check they did what each kind means.
+            assert _C.trace.on() == (kind == "trace"), (step, kind)
+            if i > 0 and number >= a.warmup:
+                timed.append(ms)
+                gc_ms[kind].append(collected)
+        if timed:
+            times[kind].append(timed)
         if kind == "trace":  # dropped, as if the window went on
             tracer._spans.remove()
             tracer._spans = None
             _C.trace.stop()
-            events = len(_C.trace.drain())
-            assert events > 0, f"step {step}: the traced step recorded nothing"
-        elif kind == "write":
-            t = time.perf_counter()
-            tracer._finish(merge=True)
-            seconds = torch.tensor([time.perf_counter() - t])
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        if kind in times and step > a.warmup:
-            times[kind].append(float(seconds) * 1e3)
-            gc_ms[kind].append(collected * 1e3)
-        elif kind == "write":
-            write_ms = float(seconds) * 1e3
+            events = len(_C.trace.drain()) // a.block
+            assert events > 0, f"block {number}: the traced steps recorded nothing"
+    # Writing: one more traced step, its window's files written and timed.
+    _C.comms.configure(False, False, True, False, [], rank)
+    tracer._start()
+    run_step(step + 1)
+    t = time.perf_counter()
+    tracer._finish(merge=True)
+    seconds = torch.tensor([time.perf_counter() - t])
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    write_ms = float(seconds) * 1e3
     if rank != 0:
         return
-    plain = statistics.median(times["plain"])
-    print("| steps | ms/step (median) | against plain | 90% interval (bootstrap) | min-max | rank 0's gc pauses (ms/step, mean) |")
+    flat = {kind: [ms for block in times[kind] for ms in block] for kind in KINDS}
+    plain = statistics.median(flat["plain"])
+    print("| steps | ms/step (median) | against plain | 90% interval (bootstrap over blocks) | min-max | rank 0's gc pauses (ms/step, mean) |")
     print("|---|---|---|---|---|---|")
     for kind in KINDS:
-        med = statistics.median(times[kind])
+        med = statistics.median(flat[kind])
         lo, hi = _interval(times[kind], times["plain"])
         print(f"| {kind} | {med:.0f} | {100 * (med / plain - 1):+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
-              f"| {min(times[kind]):.0f}-{max(times[kind]):.0f} | {statistics.mean(gc_ms[kind]):.0f} |")
-    print(f"\nsteps of each kind: {a.each}; events a traced step recorded on rank 0: {events}; "
+              f"| {min(flat[kind]):.0f}-{max(flat[kind]):.0f} | {statistics.mean(gc_ms[kind]):.0f} |")
+    print(f"\nworld {world}; blocks of each kind: {a.blocks} of {a.block} steps, {a.block - 1} timed; events a traced step recorded on rank 0: {events}; "
           f"writing one traced step's files (per rank, the merge on rank 0): {write_ms:.0f} ms; "
           f"files in {out_dir}")
 
 
-def _interval(kind_ms, plain_ms, rounds=2000):
-    """A 90% bootstrap interval of median(kind) / median(plain) - 1, in percent: how far the
-    machine's step-to-step spread leaves the estimate."""
+def _interval(kind_blocks, plain_blocks, rounds=2000):
+    """A 90% bootstrap interval of median(kind) / median(plain) - 1, in percent, resampling whole
+    blocks (steps in one block share the machine's state of the moment): how far the machine's
+    spread leaves the estimate."""
     rng = random.Random(0)
-    ratios = sorted(statistics.median(rng.choices(kind_ms, k=len(kind_ms))) /
-                    statistics.median(rng.choices(plain_ms, k=len(plain_ms))) - 1 for _ in range(rounds))
+
+    def median_of(blocks):
+        return statistics.median(ms for block in rng.choices(blocks, k=len(blocks)) for ms in block)
+    ratios = sorted(median_of(kind_blocks) / median_of(plain_blocks) - 1 for _ in range(rounds))
     return 100 * ratios[int(0.05 * rounds)], 100 * ratios[int(0.95 * rounds)]
 
 
