@@ -40,11 +40,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even)")
     p.add_argument("--block", type=int, default=7, help="steps per block (the first is left out)")
-    p.add_argument("--warmup", type=int, default=1, help="plain blocks first, not counted")
+    p.add_argument("--warmup", type=int, default=1, help="plain blocks first, not counted (>= 1)")
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
     if a.blocks < 2 or a.blocks % 2:
         p.error(f"--blocks-each: got {a.blocks}, expected an even number >= 2 (the rotation's two orders)")
+    if a.warmup < 1:
+        p.error(f"--warmup: got {a.warmup}, expected >= 1 (plain blocks before the rotation)")
     if a.block < 2:
         p.error(f"--block: got {a.block}, expected >= 2 (a block's first step is left out)")
     torch.set_num_threads(1)
@@ -53,7 +55,7 @@ def main():
     from gpt import GPT, ByteWindows, stdlib_text_bytes
 
     out_dir = tempfile.mkdtemp(prefix="zs-overhead-trace-")
-    # The engine gets a Trace (steps []: no window of its own); the loop below opens one per traced step.
+    # The engine gets a Trace (steps []: no window of its own); the loop below opens one per traced block.
     config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 100000,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
               "zero_optimization": {"stage": 3}, "comms_logger": {"enabled": False},
@@ -88,18 +90,20 @@ def main():
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         return float(seconds) * 1e3, pause["total"] * 1e3
 
-    blocks = ["plain"] * a.warmup + [ROTATION[i % len(ROTATION)] for i in range(len(KINDS) * a.blocks)]
+    # Timed blocks start at the rotation's second kind: the plain warm-up before them stands in for
+    # the rotation's last wrap (comms -> plain), so each kind follows each other kind equally often.
+    blocks = ["plain"] * a.warmup + [ROTATION[(i + 1) % len(ROTATION)] for i in range(len(KINDS) * a.blocks)]
     step = 0
     for number, kind in enumerate(blocks):
         _C.comms.configure(kind == "comms", False, True, False, [], rank)
-        tracer._done = True  # Trace's step_begins would start a window on any step (steps []): this loop does
+        # Trace.step_begins would start a window on any step (steps []): this loop does. While a
+        # window records, step_begins still starts each of its steps (new_step), as in a real window.
+        tracer._done = True
         if kind == "trace":
             tracer._start()  # a window's start, once per window: outside the timed steps
         timed = []
         for i in range(a.block):
             step += 1
-            if kind == "trace":
-                tracer._spans.new_step()  # as Trace.step_begins does on each step of a window
             ms, collected = run_step(step)
             # The trace's internals drive this: check they did what each kind means.
             assert _C.trace.on() == (kind == "trace"), (step, kind)
@@ -127,14 +131,16 @@ def main():
         return
     flat = {kind: [ms for block in times[kind] for ms in block] for kind in KINDS}
     plain = statistics.median(flat["plain"])
-    print("| steps | ms/step (median) | against plain | 90% interval (bootstrap over blocks) | min-max | rank 0's gc pauses (ms/step, mean) |")
+    print("| steps | ms/step (median) | against plain | 90% interval (bootstrap over blocks) | min-max "
+          "| rank 0's gc pauses (ms/step, mean) |")
     print("|---|---|---|---|---|---|")
     for kind in KINDS:
         med = statistics.median(flat[kind])
         lo, hi = _interval(times[kind], times["plain"])
         print(f"| {kind} | {med:.0f} | {100 * (med / plain - 1):+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
               f"| {min(flat[kind]):.0f}-{max(flat[kind]):.0f} | {statistics.mean(gc_ms[kind]):.0f} |")
-    print(f"\nworld {world}; blocks of each kind: {a.blocks} of {a.block} steps, {a.block - 1} timed; events a traced step recorded on rank 0: {events}; "
+    print(f"\nworld {world}; blocks of each kind: {a.blocks} of {a.block} steps, {a.block - 1} timed; "
+          f"events a traced step recorded on rank 0: {events}; "
           f"writing one traced step's files (per rank, the merge on rank 0): {write_ms:.0f} ms; "
           f"files in {out_dir}")
 
