@@ -14,7 +14,9 @@ after each other kind equally often, so that the machine's drift falls on every 
   memory counters); its start (a barrier, a gc pass, the hooks attached) is made before the
   block's timed steps and what it recorded is dropped after them, so neither the start nor the
   file writing (timed apart once, at the end) counts in a traced step.
-The first step of every block is left out (it carries the step before it). A step's time is the
+With --split, the comms blocks give way to the trace's two halves: "runtime" (the C++ runtime's
+events, the module spans detached) and "spans" (the Python module spans, the runtime's recording
+stopped). The first step of every block is left out (it carries the step before it). A step's time is the
 slower rank's (forward, backward, step). Prints one table; timings only."""
 import argparse
 import gc
@@ -34,17 +36,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 KINDS = ("plain", "comms", "trace")
 # Each kind of block follows each other kind equally often: a step can cost more after a certain kind.
 ROTATION = ("plain", "comms", "trace", "plain", "trace", "comms")
+# --split: the trace's two halves apart, "runtime" (the C++ runtime's events; the module spans
+# detached) and "spans" (the Python module spans; the runtime's recording stopped). Each of the 12
+# ordered pairs once.
+SPLIT_KINDS = ("plain", "trace", "runtime", "spans")
+SPLIT_ROTATION = ("plain", "trace", "runtime", "spans", "plain", "runtime", "trace", "spans", "runtime",
+                  "plain", "spans", "trace")
+TRACED = ("trace", "runtime", "spans")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even)")
     p.add_argument("--block", type=int, default=7, help="steps per block (the first is left out)")
+    p.add_argument("--split", action="store_true",
+                   help="time the trace's halves apart (runtime events, module spans) instead of the comms logger")
     p.add_argument("--warmup", type=int, default=1, help="plain blocks first, not counted (>= 1)")
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
-    if a.blocks < 2 or a.blocks % 2:
-        p.error(f"--blocks-each: got {a.blocks}, expected an even number >= 2 (the rotation's two orders)")
+    per = 3 if a.split else 2  # blocks of each kind in one rotation
+    if a.blocks < per or a.blocks % per:
+        p.error(f"--blocks-each: got {a.blocks}, expected a multiple of {per} (whole rotations)")
     if a.warmup < 1:
         p.error(f"--warmup: got {a.warmup}, expected >= 1 (plain blocks before the rotation)")
     if a.block < 2:
@@ -66,8 +78,9 @@ def main():
     rank, world = engine.global_rank, engine.world_size
     tracer = engine._observer.trace  # the engine's own Trace: the recording path a window runs
     data = ByteWindows(stdlib_text_bytes(), 128)
-    times = {kind: [] for kind in KINDS}
-    gc_ms = {kind: [] for kind in KINDS}  # Python's garbage collector's pauses inside each step
+    kinds, rotation = (SPLIT_KINDS, SPLIT_ROTATION) if a.split else (KINDS, ROTATION)
+    times = {kind: [] for kind in kinds}
+    gc_ms = {kind: [] for kind in kinds}  # Python's garbage collector's pauses inside each step
     pause = {"start": 0.0, "total": 0.0}
 
     def on_gc(phase, info):
@@ -92,32 +105,40 @@ def main():
 
     # Timed blocks start at the rotation's second kind: the plain warm-up before them stands in for
     # the rotation's last wrap (comms -> plain), so each kind follows each other kind equally often.
-    blocks = ["plain"] * a.warmup + [ROTATION[(i + 1) % len(ROTATION)] for i in range(len(KINDS) * a.blocks)]
+    blocks = ["plain"] * a.warmup + [rotation[(i + 1) % len(rotation)] for i in range(len(kinds) * a.blocks)]
     step = 0
     for number, kind in enumerate(blocks):
         _C.comms.configure(kind == "comms", False, True, False, [], rank)
         # Trace.step_begins would start a window on any step (steps []): this loop does. While a
         # window records, step_begins still starts each of its steps (new_step), as in a real window.
         tracer._done = True
-        if kind == "trace":
+        if kind in TRACED:
             tracer._start()  # a window's start, once per window: outside the timed steps
+            if kind == "runtime":  # the module spans detached, the window left open
+                tracer._spans.remove()
+            elif kind == "spans":
+                _C.trace.stop()
         timed = []
         for i in range(a.block):
             step += 1
             ms, collected = run_step(step)
             # The trace's internals drive this: check they did what each kind means.
-            assert _C.trace.on() == (kind == "trace"), (step, kind)
+            assert _C.trace.on() == (kind in ("trace", "runtime")), (step, kind)
             if i > 0 and number >= a.warmup:
                 timed.append(ms)
                 gc_ms[kind].append(collected)
         if timed:
             times[kind].append(timed)
-        if kind == "trace":  # dropped, as if the window went on
-            tracer._spans.remove()
+        if kind in TRACED:  # dropped, as if the window went on
+            if kind != "runtime":
+                tracer._spans.remove()
             tracer._spans = None
             _C.trace.stop()
-            events = len(_C.trace.drain()) // a.block
-            assert events > 0, f"block {number}: the traced steps recorded nothing"
+            drained = len(_C.trace.drain())
+            if kind == "trace":
+                events = drained // a.block
+            # spans: only the memory sample the window's start took before its recording stopped
+            assert (drained > 1) == (kind != "spans"), f"block {number} ({kind}): {drained} events"
     # Writing: one more traced step, its window's files written and timed.
     _C.comms.configure(False, False, True, False, [], rank)
     tracer._start()
@@ -129,12 +150,12 @@ def main():
     write_ms = float(seconds) * 1e3
     if rank != 0:
         return
-    flat = {kind: [ms for block in times[kind] for ms in block] for kind in KINDS}
+    flat = {kind: [ms for block in times[kind] for ms in block] for kind in kinds}
     plain = statistics.median(flat["plain"])
     print("| steps | ms/step (median) | against plain | 90% interval (bootstrap over blocks) | min-max "
           "| rank 0's gc pauses (ms/step, mean) |")
     print("|---|---|---|---|---|---|")
-    for kind in KINDS:
+    for kind in kinds:
         med = statistics.median(flat[kind])
         lo, hi = _interval(times[kind], times["plain"])
         print(f"| {kind} | {med:.0f} | {100 * (med / plain - 1):+.1f}% | {lo:+.1f}% to {hi:+.1f}% "
