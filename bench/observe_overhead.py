@@ -6,7 +6,7 @@ so that both sides of each comparison share the machine's state:
 
 Steps run in blocks of consecutive steps of one kind, as a traced window runs (a step's cost
 also shows in the step after it: a step after a traced one was seen to run ~15% slower, which
-alternating single steps charges to the other kinds). Blocks rotate through three kinds, each
+alternating single steps charges to the other kinds). Blocks rotate through the kinds, each
 after each other kind equally often, so that the machine's drift falls on every kind alike:
 - plain: nothing recorded;
 - comms: the comms logger on (it is read on every collective);
@@ -14,9 +14,10 @@ after each other kind equally often, so that the machine's drift falls on every 
   memory counters); its start (a barrier, a gc pass, the hooks attached) is made before the
   block's timed steps and what it recorded is dropped after them, so neither the start nor the
   file writing (timed apart once, at the end) counts in a traced step.
-With --split, the comms blocks give way to the trace's two halves: "runtime" (the C++ runtime's
-events, the module spans detached) and "spans" (the Python module spans, the runtime's recording
-stopped). The first step of every block is left out (it carries the step before it). A step's time is the
+With --split, the comms blocks give way to the trace's two halves: "runtime" (everything a
+window records but the module spans, which are detached; the heap stays frozen as in a window)
+and "spans" (the module spans' hooks, the runtime's recording stopped, so nothing is stored;
+the Python phase sampling runs in both). Neither includes storing the module spans' events. The first step of every block is left out (it carries the step before it). A step's time is the
 slower rank's (forward, backward, step). Prints one table; timings only."""
 import argparse
 import gc
@@ -36,9 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 KINDS = ("plain", "comms", "trace")
 # Each kind of block follows each other kind equally often: a step can cost more after a certain kind.
 ROTATION = ("plain", "comms", "trace", "plain", "trace", "comms")
-# --split: the trace's two halves apart, "runtime" (the C++ runtime's events; the module spans
-# detached) and "spans" (the Python module spans; the runtime's recording stopped). Each of the 12
-# ordered pairs once.
+# --split: the trace's two halves apart, "runtime" (all but the module spans) and "spans" (the
+# module spans' hooks, nothing stored); see the docstring. Each of the 12 ordered pairs once.
 SPLIT_KINDS = ("plain", "trace", "runtime", "spans")
 SPLIT_ROTATION = ("plain", "trace", "runtime", "spans", "plain", "runtime", "trace", "spans", "runtime",
                   "plain", "spans", "trace")
@@ -47,7 +47,7 @@ TRACED = ("trace", "runtime", "spans")
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even)")
+    p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even; a multiple of 3 with --split)")
     p.add_argument("--block", type=int, default=7, help="steps per block (the first is left out)")
     p.add_argument("--split", action="store_true",
                    help="time the trace's halves apart (runtime events, module spans) instead of the comms logger")
@@ -104,7 +104,7 @@ def main():
         return float(seconds) * 1e3, pause["total"] * 1e3
 
     # Timed blocks start at the rotation's second kind: the plain warm-up before them stands in for
-    # the rotation's last wrap (comms -> plain), so each kind follows each other kind equally often.
+    # the rotation's wrap (its last kind -> plain), so each kind follows each other equally often.
     blocks = ["plain"] * a.warmup + [rotation[(i + 1) % len(rotation)] for i in range(len(kinds) * a.blocks)]
     step = 0
     for number, kind in enumerate(blocks):
@@ -114,8 +114,11 @@ def main():
         tracer._done = True
         if kind in TRACED:
             tracer._start()  # a window's start, once per window: outside the timed steps
-            if kind == "runtime":  # the module spans detached, the window left open
+            if kind == "runtime":  # the module spans detached, the window left open and frozen
                 tracer._spans.remove()
+                tracer._spans._froze = gc.get_freeze_count() == 0
+                if tracer._spans._froze:
+                    gc.freeze()
             elif kind == "spans":
                 _C.trace.stop()
         timed = []
@@ -130,15 +133,15 @@ def main():
         if timed:
             times[kind].append(timed)
         if kind in TRACED:  # dropped, as if the window went on
-            if kind != "runtime":
-                tracer._spans.remove()
+            tracer._spans.remove()  # detaches what is attached, undoes the freeze
             tracer._spans = None
             _C.trace.stop()
-            drained = len(_C.trace.drain())
+            drained = _C.trace.drain()
             if kind == "trace":
-                events = drained // a.block
-            # spans: only the memory sample the window's start took before its recording stopped
-            assert (drained > 1) == (kind != "spans"), f"block {number} ({kind}): {drained} events"
+                events = len(drained) // a.block
+            # spans: only the memory samples the window's start took before its recording stopped
+            stored = [e for e in drained if e[1] != "memory"]
+            assert bool(stored) == (kind != "spans"), f"block {number} ({kind}): {len(stored)} events"
     # Writing: one more traced step, its window's files written and timed.
     _C.comms.configure(False, False, True, False, [], rank)
     tracer._start()
