@@ -17,7 +17,8 @@ after each other kind equally often, so that the machine's drift falls on every 
 With --split, the comms blocks give way to the trace's two halves: "runtime" (everything a
 window records but the module spans, which are detached; the heap stays frozen as in a window)
 and "spans" (the module spans' hooks, the runtime's recording stopped, so nothing is stored;
-the Python phase sampling runs in both). Neither includes storing the module spans' events. The first step of every block is left out (it carries the step before it). A step's time is the
+the Python phase sampling runs in both). Neither includes storing the module spans' events.
+The first step of every block is left out (it carries the step before it). A step's time is the
 slower rank's (forward, backward, step). Prints one table; timings only."""
 import argparse
 import gc
@@ -47,14 +48,16 @@ TRACED = ("trace", "runtime", "spans")
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--blocks-each", dest="blocks", type=int, default=6, help="blocks of each kind (even; a multiple of 3 with --split)")
+    p.add_argument("--blocks-each", dest="blocks", type=int, default=6,
+                   help="blocks of each kind (even; a multiple of 3 with --split)")
     p.add_argument("--block", type=int, default=7, help="steps per block (the first is left out)")
     p.add_argument("--split", action="store_true",
-                   help="time the trace's halves apart (runtime events, module spans) instead of the comms logger")
+                   help="time the trace's halves apart (runtime events, module spans), not the comms logger")
     p.add_argument("--warmup", type=int, default=1, help="plain blocks first, not counted (>= 1)")
     p.add_argument("--local_rank", type=int, default=0)
     a = p.parse_args()
-    per = 3 if a.split else 2  # blocks of each kind in one rotation
+    kinds, rotation = (SPLIT_KINDS, SPLIT_ROTATION) if a.split else (KINDS, ROTATION)
+    per = len(rotation) // len(kinds)  # blocks of each kind in one rotation
     if a.blocks < per or a.blocks % per:
         p.error(f"--blocks-each: got {a.blocks}, expected a multiple of {per} (whole rotations)")
     if a.warmup < 1:
@@ -78,7 +81,6 @@ def main():
     rank, world = engine.global_rank, engine.world_size
     tracer = engine._observer.trace  # the engine's own Trace: the recording path a window runs
     data = ByteWindows(stdlib_text_bytes(), 128)
-    kinds, rotation = (SPLIT_KINDS, SPLIT_ROTATION) if a.split else (KINDS, ROTATION)
     times = {kind: [] for kind in kinds}
     gc_ms = {kind: [] for kind in kinds}  # Python's garbage collector's pauses inside each step
     pause = {"start": 0.0, "total": 0.0}
@@ -114,11 +116,9 @@ def main():
         tracer._done = True
         if kind in TRACED:
             tracer._start()  # a window's start, once per window: outside the timed steps
-            if kind == "runtime":  # the module spans detached, the window left open and frozen
-                tracer._spans.remove()
-                tracer._spans._froze = gc.get_freeze_count() == 0
-                if tracer._spans._froze:
-                    gc.freeze()
+            if kind == "runtime":  # the module spans' hooks detached; the window's freeze kept
+                for handle in tracer._spans._handles:
+                    handle.remove()
             elif kind == "spans":
                 _C.trace.stop()
         timed = []
