@@ -42,11 +42,14 @@ dist.all_gather(gathered, flat)
 assert all(torch.equal(g, flat) for g in gathered), "ranks diverged"
 print(f"rank {rank}/{world} trained {args.steps} steps, loss {loss.item():.4f}, extra={extra}", flush=True)
 if args.out_dir:
-    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
+    # Written aside and renamed: the tests poll this directory and must never read half a record.
+    path = os.path.join(args.out_dir, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({"pid": os.getpid(), "extra": extra, "cwd": os.getcwd(), "env": {
             k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_SIZE",
                                            "CROSS_RANK", "CROSS_SIZE", "GLOO_SOCKET_IFNAME",
                                            "ZS_FROM_ENV_FILE")}}, f)
+    os.replace(path + ".tmp", path)
 if args.hang:
     while True:
         dist.barrier()
