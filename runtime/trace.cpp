@@ -1,11 +1,13 @@
-// See trace.h. One mutex-guarded vector: spans come from the compute thread and the backends'
-// completion callbacks, a few thousand per step at most, so a lock per event costs far less than
-// the work each event describes.
+// See trace.h. One mutex-guarded log (trace_log.h: outside malloc's heap): spans come from the
+// compute thread and the backends' completion callbacks, a few thousand per step at most, so a
+// lock per event costs far less than the work each event describes.
 #include "runtime/trace.h"
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
+
+#include "runtime/trace_log.h"
 
 namespace zeroshard::trace {
 
@@ -15,17 +17,23 @@ std::atomic<bool> g_on{false};
 std::atomic<int> g_next_track{0};
 std::atomic<int64_t> g_dropped{0};
 std::mutex g_mutex;
-std::vector<Event> g_events;  // guarded by g_mutex
-int64_t g_max_events = 0;     // guarded by g_mutex
+int64_t g_max_events = 0;  // guarded by g_mutex
 
-void record(Event event) {
+TraceLog& log() {  // guarded by g_mutex; never destroyed: a callback may record during exit
+  static TraceLog* const the_log = new TraceLog();
+  return *the_log;
+}
+
+void record(char phase, const char* category, const std::string& name, int64_t start_ns,
+            int64_t duration_ns, const std::string& args) {
+  const int thread = track();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_on.load(std::memory_order_relaxed)) return;  // stopped since the caller looked
-  if (static_cast<int64_t>(g_events.size()) >= g_max_events) {
+  if (log().size() >= g_max_events) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  g_events.push_back(std::move(event));
+  log().append(phase, category, name, start_ns, duration_ns, thread, args);
 }
 
 }  // namespace
@@ -45,7 +53,7 @@ bool on() { return g_on.load(std::memory_order_relaxed); }
 
 void start(int64_t max_events) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_events.clear();
+  log().clear();
   g_max_events = max_events;
   g_dropped.store(0);
   g_on.store(true);
@@ -57,20 +65,18 @@ int64_t dropped() { return g_dropped.load(); }
 
 std::vector<Event> drain() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::vector<Event> out;
-  out.swap(g_events);
-  return out;
+  return log().take();
 }
 
 void span(const char* category, std::string name, int64_t start_ns, int64_t end_ns,
           std::string args) {
   if (!on()) return;
-  record({'X', category, std::move(name), start_ns, end_ns - start_ns, track(), std::move(args)});
+  record('X', category, name, start_ns, end_ns - start_ns, args);
 }
 
 void counter(std::string name, std::string args) {
   if (!on()) return;
-  record({'C', "memory", std::move(name), now_ns(), 0, track(), std::move(args)});
+  record('C', "memory", name, now_ns(), 0, args);
 }
 
 namespace {
