@@ -1,4 +1,4 @@
-// See trace.h. One mutex-guarded log (trace_log.h: outside malloc's heap): spans come from the
+// See trace.h. One mutex-guarded event store (event_store.h: outside malloc's heap): spans come from the
 // compute thread and the backends' completion callbacks, a few thousand per step at most, so a
 // lock per event costs far less than the work each event describes.
 #include "runtime/trace.h"
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <mutex>
 
-#include "runtime/trace_log.h"
+#include "runtime/event_store.h"
 
 namespace zeroshard::trace {
 
@@ -19,21 +19,22 @@ std::atomic<int64_t> g_dropped{0};
 std::mutex g_mutex;
 int64_t g_max_events = 0;  // guarded by g_mutex
 
-TraceLog& log() {  // guarded by g_mutex; never destroyed: a callback may record during exit
-  static TraceLog* const the_log = new TraceLog();
-  return *the_log;
+EventStore& store() {  // guarded by g_mutex; never destroyed: a callback may record during exit
+  static EventStore* const the_store = new EventStore();
+  return *the_store;
 }
 
 void record(char phase, const char* category, const std::string& name, int64_t start_ns,
             int64_t duration_ns, const std::string& args) {
-  const int thread = track();
+  const int my_track = track();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_on.load(std::memory_order_relaxed)) return;  // stopped since the caller looked
-  if (log().size() >= g_max_events) {
+  // Over max_events, or no memory to map for it: counted, never thrown (a Scope's destructor and
+  // the backends' callbacks record).
+  if (store().size() >= g_max_events ||
+      !store().append(phase, category, name, start_ns, duration_ns, my_track, args)) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
   }
-  log().append(phase, category, name, start_ns, duration_ns, thread, args);
 }
 
 }  // namespace
@@ -53,7 +54,7 @@ bool on() { return g_on.load(std::memory_order_relaxed); }
 
 void start(int64_t max_events) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  log().clear();
+  store().clear();
   g_max_events = max_events;
   g_dropped.store(0);
   g_on.store(true);
@@ -65,7 +66,7 @@ int64_t dropped() { return g_dropped.load(); }
 
 std::vector<Event> drain() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return log().take();
+  return store().take();
 }
 
 void span(const char* category, std::string name, int64_t start_ns, int64_t end_ns,
