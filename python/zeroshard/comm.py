@@ -67,27 +67,23 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     backend = dist_backend or default_backend()
     if backend == "nccl":
         torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
-    if backend == "gloo":
+    if backend.lower() == "gloo":  # a mixed "cpu:gloo,cuda:nccl" is left as torch sets it
         _torch_flight_recorder_off_unless_set(env)
     t = timeout if timeout is not None else datetime.timedelta(seconds=timeout_seconds())
     dist.init_process_group(backend=backend, init_method=init_method, timeout=t,
                             rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
 
 
-# torch's names for its own flight recorder's size (c10d FlightRecorder; 2000 entries when unset).
-TORCH_FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+# torch's names for its own c10d flight recorder's size (2000 entries when neither is set).
+_TORCH_FLIGHT_RECORDER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
 def _torch_flight_recorder_off_unless_set(env):
-    """torch keeps every collective's Python stack in a 2000-entry ring of its own. On a CPU run
-    those small allocations, made and freed as the ring turns, land in the holes the step's freed
-    tensors leave in the C heap, and resident memory grows every step (measured: ~9 MB a step on
-    a ~100M GPT at ZeRO-3, flat without it; bench/RESULTS.md). zeroshard's own flight recorder
-    names the rank and collective a failure stopped at, so torch's is turned off for Gloo unless
-    the user sized it. It is read once, when the first group records: a group the script made
-    before keeps it."""
-    if not any(key in env for key in TORCH_FLIGHT_RECORDER_KEYS):
-        env["TORCH_FR_BUFFER_SIZE"] = "0"
+    """On a CPU run torch's recorder makes resident memory grow every step (README, "Where
+    zeroshard deliberately differs from DeepSpeed"). torch reads the size once, when it first
+    builds the recorder, so this runs before the first group exists."""
+    if not any(key in env for key in _TORCH_FLIGHT_RECORDER_KEYS):
+        env[_TORCH_FLIGHT_RECORDER_KEYS[0]] = "0"
 
 
 _exit_teardown = []  # the handler, once registered

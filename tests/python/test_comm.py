@@ -1,6 +1,10 @@
 """The C++ comm wrapper (runtime/comm.cpp, bound as _C.Comm) on in-process Gloo groups: one thread
 per rank, each with its own connection to one TCPStore, so every collective runs for real inside the pytest process.
 (Torch's wheel ships no Gloo headers, so the group is built here rather than in a Catch2 test.)"""
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from datetime import timedelta
@@ -10,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from zeroshard import _C
+from zeroshard.comm import _TORCH_FLIGHT_RECORDER_KEYS
 
 
 def _gloo_group(store, rank, world):
@@ -274,3 +279,36 @@ def test_one_ranks_failure_ends_the_other_ranks_wait():
                                 f"12 B) because rank 0 failed: {states}"), errors[1]
     assert elapsed[1] < 10.0, elapsed
     pgs[2].allreduce([torch.ones(3)]).wait()  # complete the collective left in flight
+
+
+# torch's own c10d flight recorder is off on a Gloo run that zeroshard starts (zeroshard/comm.py),
+# unless the user sized it under either of torch's names. One process per case: torch reads the
+# size once per process.
+_FLIGHT_RECORDER_SCRIPT = textwrap.dedent("""
+    import os, pickle, socket
+    import torch, torch.distributed as dist
+    import zeroshard
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    zeroshard.init_distributed(dist_backend="gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())["entries"]
+    print(len(entries), os.environ.get("TORCH_FR_BUFFER_SIZE"), flush=True)
+""")
+
+
+@pytest.mark.parametrize("user_env, want", [
+    ({}, "0 0"),                                          # unset: off
+    ({"TORCH_FR_BUFFER_SIZE": "100"}, "2 100"),           # sized by the user: kept
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, "2 None"),  # torch's older name: kept too
+])
+def test_torch_flight_recorder_is_off_unless_the_user_sized_it(user_env, want):
+    env = {k: v for k, v in os.environ.items()
+           if k not in _TORCH_FLIGHT_RECORDER_KEYS + ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-c", _FLIGHT_RECORDER_SCRIPT], env={**env, **user_env},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == want, r.stdout + r.stderr
