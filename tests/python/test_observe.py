@@ -132,6 +132,11 @@ def test_a_stage3_run_reports_everything(tmp_path, capfd):
         assert crossing is None, f"rank {rank}: spans do not nest: {crossing}"
         names = {e["name"] for e in evs if e.get("cat") == "module"}
         assert any(n.startswith("forward ") for n in names) and any(n.startswith("backward ") for n in names)
+        # The runtime's own spans: stage 3's gathers and releases, the waits, the optimizer step.
+        categories = {e.get("cat") for e in evs}
+        assert {"gather", "wait", "optimizer"} <= categories, f"rank {rank}: categories {categories}"
+        gathers = {e["name"].split(" ")[0] for e in evs if e.get("cat") == "gather"}
+        assert gathers == {"fetch", "release"}, f"rank {rank}: gather spans {gathers}"
         counters = [e["args"] for e in evs if e["ph"] == "C" and e["name"] == "model state bytes"]
         for category, peak in results[rank]["peaks"].items():
             assert max(c[category] for c in counters) == peak, f"rank {rank}: {category} peak"
