@@ -390,3 +390,95 @@ def test_long_work_draws_progress_bars_on_rank_0(tmp_path):
     assert loads and loads[0][-1][0] == loads[0][-1][1] > 0, drawn
     merged = [v for k, v in drawn.items() if k.startswith("[zeroshard] consolidating ")]
     assert merged and merged[0][-1][0] == merged[0][-1][1] > 0, drawn
+
+
+def _wandb_comet_worker():
+    """W&B and Comet through stand-in packages that record every call the monitors make."""
+    import types
+    import torch
+    import zeroshard
+    calls = []
+
+    class Experiment:
+        def set_name(self, name):
+            calls.append(("comet.set_name", name))
+
+        def log_metric(self, name, value, step=None):
+            calls.append(("comet.log_metric", name, step))
+
+        def end(self):
+            calls.append(("comet.end",))
+
+    wandb, comet_ml = types.ModuleType("wandb"), types.ModuleType("comet_ml")
+    wandb.init = lambda **kw: calls.append(("wandb.init", kw))
+    wandb.log = lambda data, step=None: calls.append(("wandb.log", sorted(data), step))
+    wandb.finish = lambda: calls.append(("wandb.finish",))
+    comet_ml.start = lambda **kw: calls.append(("comet.start", kw)) or Experiment()
+    sys.modules["wandb"], sys.modules["comet_ml"] = wandb, comet_ml
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "wandb": {"enabled": True, "group": "g", "team": "t", "project": "p"},
+              "comet": {"enabled": True, "project": "cp", "workspace": "ws", "experiment_name": "run1",
+                        "samples_log_interval": 4, "mode": "offline"}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for _ in range(4):
+        loss = engine(torch.randn(2, 4)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    engine.destroy()
+    return calls
+
+
+def test_wandb_and_comet_get_deepspeeds_events_through_their_packages():
+    calls = run_distributed(_wandb_comet_worker, 1, timeout=120)[0]
+    assert calls[0] == ("wandb.init", {"project": "p", "group": "g", "entity": "t"}), calls[:2]
+    assert calls[1] == ("comet.start", {"project": "cp", "workspace": "ws", "mode": "offline"}), calls[:2]
+    assert ("comet.set_name", "run1") in calls
+    logged = {}
+    for call in calls:
+        if call[0] == "wandb.log":
+            for name in call[1]:
+                logged.setdefault(name, []).append(call[2])
+    # Every step's events, against the samples seen (2 per step).
+    assert logged["Train/Samples/lr"] == [2, 4, 6, 8], logged
+    assert len(logged["Train/Samples/train_loss"]) == 4, logged
+    comet = {}
+    for call in calls:
+        if call[0] == "comet.log_metric":
+            comet.setdefault(call[1], []).append(call[2])
+    # Comet logs an event at most once per samples_log_interval (4) samples.
+    assert comet["Train/Samples/lr"] == [2, 6], comet
+    assert calls[-2:] in ([("wandb.finish",), ("comet.end",)], [("comet.end",), ("wandb.finish",)]), calls[-3:]
+
+
+_VERBOSE_COMMS_SCRIPT = """
+import torch, zeroshard
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+          "zero_optimization": {"stage": 3}, "comms_logger": {"enabled": True, "verbose": True}}
+engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+for _ in range(2):
+    loss = engine(torch.randn(2, 8)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+print("TRAINED", flush=True)
+"""
+
+
+def test_comms_logger_verbose_prints_each_collective_and_the_table_at_exit():
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", _VERBOSE_COMMS_SCRIPT], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    # verbose: a line per collective as it completes, DeepSpeed's format.
+    lines = re.findall(r"comm op: (\w+) \| time \(ms\): [\d.]+ \| msg size: \S+ \| algbw \(Gbps\): [\d.]+ \| "
+                       r"busbw \(Gbps\): [\d.]+", out)
+    assert "all_gather" in lines, out
+    assert out.index("comm op:") < out.index("TRAINED")
+    # the table, once, after the script's last line (at exit).
+    assert out.count("comms_logger summary (this rank)") == 1, out
+    assert out.index("TRAINED") < out.index("comms_logger summary (this rank)"), out
