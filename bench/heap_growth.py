@@ -34,11 +34,6 @@ def _heap():
     return m.uordblks, m.fordblks
 
 
-def _resident_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -47,6 +42,7 @@ def main():
     torch.set_num_threads(1)
     import zeroshard
     from gpt import GPT, ByteWindows, stdlib_text_bytes
+    from zero_step import _rss_now_bytes  # this directory: the script's, on sys.path
     config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 100000,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
               "zero_optimization": {"stage": 3}}
@@ -68,7 +64,7 @@ def main():
         ms.append((time.perf_counter() - t) * 1e3)
         if step % 10 == 0 and rank == 0:
             used, free = _heap()
-            print(f"| {step} | {_resident_bytes() / 1e6:.0f} | {used / 1e6:.0f} | {free / 1e6:.0f} "
+            print(f"| {step} | {_rss_now_bytes() / 1e6:.0f} | {used / 1e6:.0f} | {free / 1e6:.0f} "
                   f"| {statistics.median(ms[-10:]):.0f} |", flush=True)
 
 

@@ -1,6 +1,6 @@
-// See trace.h. One mutex-guarded event store (event_store.h: outside malloc's heap): spans come from the
-// compute thread and the backends' completion callbacks, a few thousand per step at most, so a
-// lock per event costs far less than the work each event describes.
+// See trace.h. One mutex-guarded event store (event_store.h: outside malloc's heap): spans come
+// from the compute thread and the backends' completion callbacks, a few thousand per step at most,
+// so a lock per event costs far less than the work each event describes.
 #include "runtime/trace.h"
 
 #include <atomic>
