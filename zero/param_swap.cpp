@@ -13,6 +13,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 
@@ -204,6 +205,7 @@ void ParamSwap::land(Chunk& c, bool keep) {
     }
     return;
   }
+  trace::Scope traced("swap", [&] { return detail::cat("swap in parameter chunk ", c.group, ":", c.begin); });
   AioEngine::wait(h);
   counters_.wait_ms += ms_since(t);
   SwappedPart& part = *parts_[size_t(c.group)];
@@ -214,6 +216,7 @@ void ParamSwap::land(Chunk& c, bool keep) {
 }
 
 void ParamSwap::write_out(Chunk& c, const at::Tensor& from) {
+  trace::Scope traced("swap", [&] { return detail::cat("swap out parameter chunk ", c.group, ":", c.begin); });
   SwappedPart& part = *parts_[size_t(c.group)];
   Write w{&part, c.begin, acquire_buffer()};
   try {

@@ -8,6 +8,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/trace.h"
 
 namespace zeroshard {
 
@@ -82,6 +83,8 @@ void SwapPipeline::prefetch(SwappedPart& part, int64_t begin) {
 }
 
 at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
+  // On the trace, from the ask to a buffer holding the sub-group (kept, prefetched or read now).
+  trace::Scope traced("swap", [&] { return detail::cat("swap in optimizer sub-group at ", begin); });
   const auto kept = std::find_if(kept_.begin(), kept_.end(),
                                  [&](const Held& h) { return h.part == &part && h.begin == begin; });
   if (kept != kept_.end()) {
@@ -134,6 +137,7 @@ at::Tensor SwapPipeline::take(SwappedPart& part, int64_t begin, double init) {
 }
 
 void SwapPipeline::put(SwappedPart& part, int64_t begin, const at::Tensor& buffer) {
+  trace::Scope traced("swap", [&] { return detail::cat("swap out optimizer sub-group at ", begin); });
   const auto it = std::find_if(taken_.begin(), taken_.end(),
                                [&](const at::Tensor& t) { return t.data_ptr() == buffer.data_ptr(); });
   ZS_CHECK(it != taken_.end(), "SwapPipeline::put: not a buffer take() handed out");
