@@ -2,9 +2,10 @@
 the trace directory: trace_merged.json, else every trace_rank<r>.json in it) and prints, per rank
 and traced step, the step time split by phase (forward, backward, optimizer step), the exposed
 communication (time the rank spent blocked in a collective's wait, against the time any collective
-was in flight), the largest gathers, and the peak of the model state the runtime accounts with
-what held it; then draws <out>/memory_rank<r>.png (device and host bytes by category over time,
-the phases below them) and,
+was in flight), the largest gathers, the peak of the model state the runtime accounts with what
+held it, and the peaks of the process's resident memory (and torch's allocated bytes on CUDA) split
+into the accounted model state and the rest (activations, temporaries, ...); then draws
+<out>/memory_rank<r>.png (device and host bytes by category over time, the phases below them) and,
 with --timeline, <out>/timeline.png (every rank's phases, collectives and waits side by side)."""
 import argparse
 import glob
@@ -111,6 +112,31 @@ def memory_peak(events):
     return best
 
 
+def process_peaks(events):
+    """The peaks of what the process itself held, from its counters: resident memory, and on CUDA
+    torch's allocated bytes. Each is {"bytes", "ts", "accounted", "rest"}: the model state the
+    runtime accounted in that memory at the last sample before the peak (on CUDA the host
+    categories in resident memory, the device ones in torch's; on CPU every category is in
+    resident memory), and the rest (activations, temporaries; for resident memory also Python,
+    torch and the libraries)."""
+    process = sorted((e for e in events if e["ph"] == "C" and e["name"] == "process bytes"), key=lambda e: e["ts"])
+    states = sorted((e for e in events if e["ph"] == "C" and e["name"] == "model state bytes"), key=lambda e: e["ts"])
+    on_cuda = any("torch_allocated" in e["args"] for e in process)
+    peaks = {}
+    for key, categories in (("resident", HOST_CATEGORIES if on_cuda else DEVICE_CATEGORIES + HOST_CATEGORIES),
+                            ("torch_allocated", DEVICE_CATEGORIES)):
+        samples = [e for e in process if key in e["args"]]
+        if not samples:
+            continue
+        top = max(samples, key=lambda e: e["args"][key])
+        before = [e for e in states if e["ts"] <= top["ts"]]
+        held = before[-1]["args"] if before else {}
+        accounted = sum(held.get(c, 0) for c in categories)
+        peaks[key] = {"bytes": top["args"][key], "ts": top["ts"], "accounted": accounted,
+                      "rest": top["args"][key] - accounted}
+    return peaks
+
+
 def _mb(nbytes):
     return f"{nbytes / 1e6:.2f} MB"
 
@@ -137,6 +163,12 @@ def summarize(events, top=5):
         if peak >= 0:
             parts = ", ".join(f"{c} {_mb(held.get(c, 0))}" for c in DEVICE_CATEGORIES if held.get(c))
             lines.append(f"  peak model state {_mb(peak)} at {when / 1e3:.1f} ms: {parts}")
+        labels = {"torch_allocated": ("peak torch allocated", "activations and temporaries"),
+                  "resident": ("peak resident memory", "activations, temporaries, Python, torch and libraries")}
+        for key, p in process_peaks(evs).items():
+            title, rest = labels[key]
+            lines.append(f"  {title} {_mb(p['bytes'])} at {p['ts'] / 1e3:.1f} ms: accounted model state "
+                         f"{_mb(p['accounted'])}, the rest ({rest}) {_mb(p['rest'])}")
     return "\n".join(lines)
 
 

@@ -4,8 +4,9 @@ with the tensorboard package's reader) and CSV files with DeepSpeed's tags, step
 per-rank and merged Chrome traces (valid JSON, every collective of the flight recorder on both ranks
 with the same sequence number, spans nested, the memory counters' peaks equal to the runtime's own
 peaks); zeroshard-report's PNGs and a summary whose phases add up to the step time; the comms table;
-the progress line's TFLOPS, peak memory and phase times. Then the flops profiler against the
-analytic count of a GPT, missing monitor packages named, and a pipeline's instructions traced."""
+the progress line's TFLOPS, peak memory and phase times. Then missing monitor packages named, and a
+pipeline's instructions traced (the flops profiler: test_observe_flops.py; offload's phases and the
+trace of an NVMe run: test_observe_offload.py)."""
 import json
 import os
 import re
@@ -153,6 +154,14 @@ def test_a_stage3_run_reports_everything(tmp_path, capfd):
         for s in steps:
             phases = sum(s["phases_ms"].values())
             assert abs(phases - s["step_ms"]) <= 0.05 * s["step_ms"], f"rank {rank} {s}"
+    # The process's own peaks (CPU: resident memory only), split into accounted state and the rest.
+    text = report.summarize(report.load(trace_dir))
+    for rank, evs in report._by_rank(report.load(trace_dir)).items():
+        peaks = report.process_peaks(evs)
+        resident = max(e["args"]["resident"] for e in evs if e["ph"] == "C" and e["name"] == "process bytes")
+        assert set(peaks) == {"resident"} and peaks["resident"]["bytes"] == resident, peaks
+        assert 0 < peaks["resident"]["accounted"] < resident, peaks
+        assert f"peak resident memory {report._mb(resident)}" in text, text
     # ----- comms table, progress line -----
     for r in results:
         assert "all_gather" in r["summary"] and "Avg Latency(ms)" in r["summary"], r["summary"]
@@ -162,48 +171,6 @@ def test_a_stage3_run_reports_everything(tmp_path, capfd):
         assert field in lines[-1], lines[-1]
     assert "memory after step 4" in out
     assert "trace written to" in out
-
-
-def _flops_worker(path):
-    import torch
-    import zeroshard
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-    from gpt import GPT
-    torch.manual_seed(0)
-    vocab, seq, d, layers = 256, 32, 64, 2
-    model = GPT(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=4)
-    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-              "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": path}}
-    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
-    for step in range(3):
-        loss = engine(torch.randint(0, vocab, (4, seq + 1)))
-        engine.backward(loss)
-        engine.step()
-    counted = engine._observer.flops._counted
-    return {"forward": counted.forward["Global"], "backward": counted.backward["Global"],
-            "shape": (vocab, seq, d, layers, 4)}
-
-
-def test_the_flops_profile_of_a_gpt_is_6_x_params_x_tokens_plus_attention(tmp_path):
-    path = str(tmp_path / "profile.txt")
-    r = run_distributed(_flops_worker, 1, path, timeout=180)[0]
-    vocab, seq, d, layers, batch = r["shape"]
-    matmul_params = layers * 12 * d * d + d * vocab  # qkv, proj, fc, out per block; the tied head
-    tokens = batch * seq
-    # Attention per layer and sequence: q @ k^T and probabilities @ v forward (4 s^2 d), and
-    # backward the scores recomputed and four products (10 s^2 d), torch's flash-attention count.
-    attention = layers * batch * (4 + 10) * seq * seq * d
-    analytic = 6 * matmul_params * tokens + attention
-    counted = r["forward"] + r["backward"]
-    assert abs(counted - analytic) <= 0.05 * analytic, f"{counted} FLOPs against {analytic}"
-
-    with open(path) as f:
-        text = f.read()
-    # profile_step 1: the step after one step (DeepSpeed's count), the progress lines' step 2.
-    for part in ("Flops Profiler", "Profile Summary at step 2", "Aggregated Profile per GPU", "Detailed Profile per GPU",
-                 "blocks (ModuleList)", "fwd MACs per GPU"):
-        assert part in text, part
 
 
 def _missing_package_worker(block):
@@ -327,6 +294,28 @@ def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch, tmp_path, c
     (tmp_path / "trace_rank0.json").write_text(json.dumps({"traceEvents": []}))
     assert report.main([str(tmp_path)]) == 2  # the summary printed, then the package named
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_the_reports_process_peaks_split_torchs_bytes_into_model_state_and_the_rest():
+    from zeroshard import report
+
+    def state(ts, **bytes_):
+        return {"ph": "C", "name": "model state bytes", "pid": 0, "ts": ts, "args": bytes_}
+
+    def process(ts, resident, allocated):
+        return {"ph": "C", "name": "process bytes", "pid": 0, "ts": ts,
+                "args": {"resident": resident, "torch_allocated": allocated}}
+    # On CUDA: torch's allocated bytes hold the device categories, resident memory the host ones.
+    events = [state(0, parameters=100, gathered_parameters=0, host_optimizer_state=40),
+              process(1, 1000, 150),
+              state(2, parameters=100, gathered_parameters=300, host_optimizer_state=40),
+              process(3, 900, 700),  # torch's peak: 400 accounted, 300 activations
+              state(4, parameters=100, gathered_parameters=0, host_optimizer_state=40)]
+    peaks = report.process_peaks(events)
+    assert peaks["torch_allocated"] == {"bytes": 700, "ts": 3, "accounted": 400, "rest": 300}, peaks
+    assert peaks["resident"] == {"bytes": 1000, "ts": 1, "accounted": 40, "rest": 960}, peaks
+    text = report.summarize(events)
+    assert "peak torch allocated 0.00 MB at 0.0 ms: accounted model state 0.00 MB" in text, text
 
 
 def test_trace_steps_from_the_environment_are_checked(monkeypatch):

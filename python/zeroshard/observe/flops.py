@@ -42,8 +42,32 @@ def _num(value, unit=""):
     return f"{value:.2f} {unit}".rstrip()
 
 
+def _of(table, full, module):
+    """A module's figure in `table` (FLOPs or latency by name): its own where its forward ran
+    (it includes its children's), else its children's summed, as DeepSpeed sums them: a container
+    that is never called, such as a ModuleList, holds what its modules did."""
+    if full in table:
+        return table[full]
+    return sum(_of(table, f"{full}.{name}", child) for name, child in module.named_children())
+
+
 def _ms(seconds):
     return f"{seconds * 1e3:.2f} ms"
+
+
+_WARM = []
+
+
+def _warm_counter():
+    """torch's first FlopCounterMode session imports and sets up what it needs inside the first
+    forward it counts (~0.85 s here), which the profile would report as the root module's latency:
+    one session over a tiny module pays that first, once per process."""
+    if _WARM:
+        return
+    layer = torch.nn.Linear(2, 2)
+    with FlopCounterMode(display=False, depth=None):
+        layer(torch.ones(1, 2)).sum().backward()
+    _WARM.append(True)
 
 
 class _MicroStepCount:
@@ -67,6 +91,7 @@ class _MicroStepCount:
         return {name: sum(ops.values()) for name, ops in self._counter.get_flop_counts().items()}
 
     def begin_forward(self):
+        _warm_counter()  # before any hook or clock: the profile times the model, not torch's imports
         if self.timed:
             for m, name in self._names().items():
                 self._hooks.append(m.register_forward_pre_hook(lambda mod, args, name=name: self._pre(name)))
@@ -200,45 +225,53 @@ class FlopsProfiler:
             full = root + ("." + name if name else "")
             yield full, m, (0 if not name else name.count(".") + 1)
 
+    def _depth_limit(self):
+        """The depths shown: 0 to module_depth - 1 (DeepSpeed's range), every depth for -1."""
+        limit = int(self._block.get("module_depth", -1))
+        return None if limit < 0 else limit
+
     def _aggregated(self, c):
-        top = int(self._block.get("top_modules", 1))
-        depth_limit = int(self._block.get("module_depth", -1))
-        by_depth = {}
+        """DeepSpeed's aggregated profile: at each depth, the modules summed by class, the top
+        `top_modules` classes by parameters, forward MACs and forward latency."""
+        top, limit = int(self._block.get("top_modules", 1)), self._depth_limit()
+        by_depth = {}  # depth -> class name -> [params, MACs, latency]
         for full, m, depth in self._modules():
-            if depth_limit >= 0 and depth > depth_limit:
+            if limit is not None and depth >= limit:
                 continue
-            by_depth.setdefault(depth, []).append((full, m))
+            sums = by_depth.setdefault(depth, {}).setdefault(type(m).__name__, [0, 0.0, 0.0])
+            sums[0] += sum(_numel(p) for p in m.parameters())
+            sums[1] += _of(c.forward, full, m) / 2
+            sums[2] += _of(c.latency, full, m)
         lines = ["", "----------------------------- Aggregated Profile per GPU -----------------------------",
-                 "Top modules in terms of params, MACs or fwd latency at different model depths:"]
+                 f"Top {top} modules in terms of params, MACs or fwd latency at different model depths:"]
         for depth in sorted(by_depth):
-            mods = by_depth[depth]
+            classes = by_depth[depth]
 
-            def best(key, fmt):
-                ranked = sorted(mods, key=key, reverse=True)[:top]
-                return "{" + ", ".join(f"'{full.split('.')[-1]}': '{fmt(key((full, m)))}'" for full, m in ranked) + "}"
+            def best(column, fmt):
+                ranked = sorted(classes.items(), key=lambda kv: kv[1][column], reverse=True)[:top]
+                return "{" + ", ".join(f"'{name}': '{fmt(sums[column])}'" for name, sums in ranked) + "}"
 
-            lines += [f"depth {depth}:",
-                      f"    params      - {best(lambda x: sum(_numel(p) for p in x[1].parameters()), _num)}",
-                      f"    MACs        - {best(lambda x: c.forward.get(x[0], 0) / 2, lambda v: _num(v, 'MACs'))}",
-                      f"    fwd latency - {best(lambda x: c.latency.get(x[0], 0.0), _ms)}"]
+            lines += [f"depth {depth}:", f"    params      - {best(0, _num)}",
+                      f"    MACs        - {best(1, lambda v: _num(v, 'MACs'))}",
+                      f"    fwd latency - {best(2, _ms)}"]
         return lines
 
     def _detailed(self, c, total_fwd, total_params):
-        depth_limit = int(self._block.get("module_depth", -1))
+        limit = self._depth_limit()
         total_latency = c.latency.get(type(self._module).__name__, 0.0) or 1e-12
         lines = ["", "------------------------------ Detailed Profile per GPU ------------------------------",
                  "Each module profile is listed after its name in the following order:",
                  "params, percentage of total params, MACs, percentage of total MACs, fwd latency, "
                  "percentage of total fwd latency, fwd FLOPS, bwd flops", ""]
         for full, m, depth in self._modules():
-            if depth_limit >= 0 and depth > depth_limit:
+            if limit is not None and depth >= limit:
                 continue
             params = sum(_numel(p) for p in m.parameters())
-            fwd, latency = c.forward.get(full, 0), c.latency.get(full, 0.0)
+            fwd, latency = _of(c.forward, full, m), _of(c.latency, full, m)
             label = full.split(".")[-1] if depth else full
             lines.append(f"{'  ' * depth}{label} ({type(m).__name__}): {_num(params)}, "
                          f"{100 * params / max(total_params, 1):.2f}% Params, {_num(fwd / 2, 'MACs')}, "
                          f"{100 * fwd / max(total_fwd, 1):.2f}% MACs, {_ms(latency)}, "
                          f"{100 * latency / total_latency:.2f}% latency, "
-                         f"{_num(fwd / max(latency, 1e-12), 'FLOPS')}, {_num(c.backward.get(full, 0))} bwd flops")
+                         f"{_num(fwd / max(latency, 1e-12), 'FLOPS')}, {_num(_of(c.backward, full, m))} bwd flops")
         return lines

@@ -19,6 +19,11 @@ def _peak_device_text(device, memory):
     return f"peak model state {_C.format_bytes(memory.peak_total_bytes)}"
 
 
+def _figure(value):
+    """Three decimals, or three significant digits below 1 (a small model's TFLOPS is not 0.000)."""
+    return f"{value:.3f}" if value >= 1 else f"{value:.3g}"
+
+
 def _peak_host_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -47,8 +52,7 @@ class ProgressLine:
         now = time.perf_counter()
         elapsed = max(now - self._t0, 1e-9)
         rate = (steps - self._step0) * self._batch / elapsed
-        tflops = "" if flops_per_step is None else \
-            f" TFLOPS {flops_per_step * (steps - self._step0) / elapsed / 1e12:.3f}"
+        tflops = "" if flops_per_step is None else f" TFLOPS {_figure(flops_per_step * (steps - self._step0) / elapsed / 1e12)}"
         self._t0, self._step0 = now, steps
         self._loss_sum, self._loss_count = 0.0, 0
         last = engine._last
