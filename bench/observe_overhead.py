@@ -11,9 +11,10 @@ after each other kind equally often, so that the machine's drift falls on every 
 - plain: nothing recorded;
 - comms: the comms logger on (it is read on every collective);
 - trace: one traced window over the block (module spans, collectives, waits, gathers, copies,
-  memory counters); its start (a barrier, a gc pass, the hooks attached) is made before the
-  block's timed steps and what it recorded is dropped after them, so neither the start nor the
-  file writing (timed apart once, at the end) counts in a traced step.
+  memory counters); its start (a barrier, a young-generation gc pass, the hooks attached) is
+  made before the block's timed steps and what it recorded is dropped after them, so neither the
+  start nor the file writing (timed apart once, at the end) counts in a traced step; both are
+  printed apart, with each kind's first step of a block (left out of the table).
 With --split, the comms blocks give way to the trace's two halves: "runtime" (everything a
 window records but the module spans, which are detached; the heap stays frozen as in a window)
 and "spans" (the module spans' hooks, the runtime's recording stopped, so nothing is stored;
@@ -92,6 +93,8 @@ def main():
             pause["total"] += time.perf_counter() - pause["start"]
     gc.callbacks.append(on_gc)
     events = 0
+    start_ms = []  # each traced window's start (slowest rank)
+    first_ms = {kind: [] for kind in kinds}  # each block's first step, left out of the table
 
     def run_step(step):
         batch = torch.stack([data[(step * world + rank) % len(data)]])
@@ -115,7 +118,10 @@ def main():
         # window records, step_begins still starts each of its steps (new_step), as in a real window.
         tracer._done = True
         if kind in TRACED:
+            t = time.perf_counter()
             tracer._start()  # a window's start, once per window: outside the timed steps
+            if kind == "trace":
+                start_ms.append(_slowest_ms(time.perf_counter() - t))
             if kind == "runtime":  # the module spans' hooks detached; the window's freeze kept
                 for handle in tracer._spans._handles:
                     handle.remove()
@@ -130,6 +136,8 @@ def main():
             if i > 0 and number >= a.warmup:
                 timed.append(ms)
                 gc_ms[kind].append(collected)
+            elif number >= a.warmup:
+                first_ms[kind].append(ms)
         if timed:
             times[kind].append(timed)
         if kind in TRACED:  # dropped, as if the window went on
@@ -148,9 +156,7 @@ def main():
     run_step(step + 1)
     t = time.perf_counter()
     tracer._finish(merge=True)
-    seconds = torch.tensor([time.perf_counter() - t])
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    write_ms = float(seconds) * 1e3
+    write_ms = _slowest_ms(time.perf_counter() - t)
     if rank != 0:
         return
     flat = {kind: [ms for block in times[kind] for ms in block] for kind in kinds}
@@ -167,6 +173,17 @@ def main():
           f"events a traced step recorded on rank 0: {events}; "
           f"writing one traced step's files (per rank, the merge on rank 0): {write_ms:.0f} ms; "
           f"files in {out_dir}")
+    print(f"a traced window's start (barrier, young-generation gc pass, hooks attached; slowest rank), mean of "
+          f"{len(start_ms)}: {statistics.mean(start_ms):.0f} ms (min-max {min(start_ms):.0f}-{max(start_ms):.0f}); "
+          "each block's first step (left out above), median: " +
+          ", ".join(f"{kind} {statistics.median(first_ms[kind]):.0f} ms" for kind in kinds))
+
+
+def _slowest_ms(seconds):
+    """The slowest rank's time, in ms (every rank calls this at the same point)."""
+    t = torch.tensor([seconds])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t) * 1e3
 
 
 def _interval(kind_blocks, plain_blocks, rounds=2000):
