@@ -442,12 +442,12 @@ def test_wandb_and_comet_get_deepspeeds_events_through_their_packages():
     assert calls[-2:] in ([("wandb.finish",), ("comet.end",)], [("comet.end",), ("wandb.finish",)]), calls[-3:]
 
 
-_VERBOSE_COMMS_SCRIPT = """
+_COMMS_SCRIPT = """
 import torch, zeroshard
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
 config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-          "zero_optimization": {"stage": 3}, "comms_logger": {"enabled": True, "verbose": True}}
+          "zero_optimization": {"stage": 3}, "comms_logger": %s}
 engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
 for _ in range(2):
     loss = engine(torch.randn(2, 8)).pow(2).mean()
@@ -457,12 +457,46 @@ print("TRAINED", flush=True)
 """
 
 
-def test_comms_logger_verbose_prints_each_collective_and_the_table_at_exit():
+def _run_comms_script(block):
     import subprocess
-    r = subprocess.run([sys.executable, "-c", _VERBOSE_COMMS_SCRIPT], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _COMMS_SCRIPT % repr(block)], capture_output=True, text=True,
                        timeout=120, env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
+    return out
+
+
+def _comms_worker(block):
+    import torch
+    import zeroshard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "zero_optimization": {"stage": 3}, "gradient_clipping": 1.0, "comms_logger": block}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for _ in range(2):
+        loss = engine(torch.randn(2, 8)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    return engine.comms_summary()
+
+
+@pytest.mark.parametrize("prof_all", [True, False], ids=["all", "prof_ops"])
+def test_comms_logger_prof_ops_by_deepspeeds_name_with_debug_rows(prof_all):
+    # DeepSpeed's op name for the gathers: with prof_all false the gradient buckets' and the norm's
+    # all-reduces are left out.
+    block = {"enabled": True, "prof_all": prof_all, "prof_ops": ["all_gather_into_tensor"], "debug": True}
+    summary = run_distributed(_comms_worker, 2, block, timeout=120)[0]
+    lines = summary.splitlines()
+    header, table = lines[1], lines[2:]
+    ops = {line.split("(")[0] for line in table if line[:1].strip()}
+    assert ops == ({"all_gather", "all_reduce"} if prof_all else {"all_gather"}), summary
+    # debug's long names widen the first column: every figure stays under its heading.
+    assert all(len(line) == len(header) for line in table), summary
+
+
+def test_comms_logger_verbose_prints_each_collective_and_the_table_at_exit():
+    out = _run_comms_script({"enabled": True, "verbose": True})
     # verbose: a line per collective as it completes, DeepSpeed's format.
     lines = re.findall(r"comm op: (\w+) \| time \(ms\): [\d.]+ \| msg size: \S+ \| algbw \(Gbps\): [\d.]+ \| "
                        r"busbw \(Gbps\): [\d.]+", out)

@@ -29,14 +29,15 @@ def summary():
     rows = _C.comms.rows()
     if not _C.comms.enabled():
         return "comms_logger is not enabled (config: \"comms_logger\": {\"enabled\": true})"
-    header = (f"{'Comm. Op':<28}{'Message Size':>14}{'Count':>9}{'Total Latency(ms)':>19}"
+    width = max([28] + [len(r["op"]) + 2 for r in rows])  # debug's rows name what moved
+    header = (f"{'Comm. Op':<{width}}{'Message Size':>14}{'Count':>9}{'Total Latency(ms)':>19}"
               f"{'Avg Latency(ms)':>17}{'algbw_avg (Gbps)':>17}{'busbw_avg (Gbps)':>18}")
     lines = ["comms_logger summary (this rank)", header]
     last_op = None
     for r in rows:
         op = r["op"] if r["op"] != last_op else ""
         last_op = r["op"]
-        lines.append(f"{op:<28}{r['message_size']:>14}{r['count']:>9}{r['total_ms']:>19.2f}"
+        lines.append(f"{op:<{width}}{r['message_size']:>14}{r['count']:>9}{r['total_ms']:>19.2f}"
                      f"{r['total_ms'] / r['count']:>17.3f}{r['algbw_gbps']:>17.2f}{r['busbw_gbps']:>18.2f}")
     if not rows:
         lines.append("(no collectives yet)")
