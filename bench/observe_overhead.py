@@ -81,6 +81,7 @@ def main():
     engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
     rank, world = engine.global_rank, engine.world_size
     tracer = engine._observer.trace  # the engine's own Trace: the recording path a window runs
+    tracer._bounded = True  # each window here is a few steps, as a window of listed steps starts
     data = ByteWindows(stdlib_text_bytes(), 128)
     times = {kind: [] for kind in kinds}
     gc_ms = {kind: [] for kind in kinds}  # Python's garbage collector's pauses inside each step

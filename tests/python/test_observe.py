@@ -286,6 +286,42 @@ def test_the_trace_freezes_the_heap_only_for_its_window_and_keeps_a_scripts_free
         assert before == step1 == step3 == after == 0 and traced > 0
 
 
+def _old_garbage_worker(root, steps):
+    import gc
+    import weakref
+    import torch
+    import zeroshard
+
+    class Cycle:
+        pass
+    model = torch.nn.Linear(4, 4)
+    config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "trace": {"enabled": True, "output_path": root, "steps": steps}}
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
+    garbage = Cycle()
+    garbage.me = garbage
+    alive = weakref.ref(garbage)
+    gc.collect(1)  # it survives into the oldest generation, then becomes garbage there
+    del garbage
+    kept = []
+    for _ in range(2):
+        loss = engine(torch.randn(2, 4)).sum()  # step 1's forward starts the window
+        kept.append(alive() is not None)
+        engine.backward(loss)
+        engine.step()
+    gc.collect()
+    return kept + [alive() is not None]
+
+
+@pytest.mark.parametrize("steps", [[1], []], ids=["listed-steps", "open"])
+def test_a_windows_freeze_keeps_old_garbage_only_for_a_window_of_listed_steps(tmp_path, steps):
+    in_step1, in_step2, at_end = run_distributed(_old_garbage_worker, 1, str(tmp_path), steps, timeout=120)[0]
+    if steps:  # young generations collected: the old cycle waits, frozen, until the window ends
+        assert in_step1 and not at_end, (in_step1, in_step2, at_end)
+    else:  # an open window may last the run: its start collects the whole heap first
+        assert not in_step1 and not in_step2 and not at_end, (in_step1, in_step2, at_end)
+
+
 def test_the_report_names_matplotlib_when_it_is_missing(monkeypatch, tmp_path, capsys):
     from zeroshard import report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
@@ -306,16 +342,19 @@ def test_the_reports_process_peaks_split_torchs_bytes_into_model_state_and_the_r
         return {"ph": "C", "name": "process bytes", "pid": 0, "ts": ts,
                 "args": {"resident": resident, "torch_allocated": allocated}}
     # On CUDA: torch's allocated bytes hold the device categories, resident memory the host ones.
-    events = [state(0, parameters=100, gathered_parameters=0, host_optimizer_state=40),
-              process(1, 1000, 150),
-              state(2, parameters=100, gathered_parameters=300, host_optimizer_state=40),
-              process(3, 900, 700),  # torch's peak: 400 accounted, 300 activations
-              state(4, parameters=100, gathered_parameters=0, host_optimizer_state=40)]
+    mb = 10 ** 6
+    events = [state(0, parameters=100 * mb, gathered_parameters=0, host_optimizer_state=40 * mb),
+              process(1000, 1000 * mb, 150 * mb),
+              state(2000, parameters=100 * mb, gathered_parameters=300 * mb, host_optimizer_state=40 * mb),
+              process(3000, 900 * mb, 700 * mb),  # torch's peak: 400 MB accounted, 300 MB activations
+              state(4000, parameters=100 * mb, gathered_parameters=0, host_optimizer_state=40 * mb)]
     peaks = report.process_peaks(events)
-    assert peaks["torch_allocated"] == {"bytes": 700, "ts": 3, "accounted": 400, "rest": 300}, peaks
-    assert peaks["resident"] == {"bytes": 1000, "ts": 1, "accounted": 40, "rest": 960}, peaks
+    assert peaks["torch_allocated"] == {"bytes": 700 * mb, "ts": 3000, "accounted": 400 * mb, "rest": 300 * mb}
+    assert peaks["resident"] == {"bytes": 1000 * mb, "ts": 1000, "accounted": 40 * mb, "rest": 960 * mb}, peaks
     text = report.summarize(events)
-    assert "peak torch allocated 0.00 MB at 0.0 ms: accounted model state 0.00 MB" in text, text
+    assert ("peak torch allocated 700.00 MB at 3.0 ms: accounted model state 400.00 MB, the rest "
+            "(activations and temporaries) 300.00 MB") in text, text
+    assert "peak resident memory 1000.00 MB at 1.0 ms: accounted model state 40.00 MB" in text, text
 
 
 def test_trace_steps_from_the_environment_are_checked(monkeypatch):
@@ -442,31 +481,7 @@ def test_wandb_and_comet_get_deepspeeds_events_through_their_packages():
     assert calls[-2:] in ([("wandb.finish",), ("comet.end",)], [("comet.end",), ("wandb.finish",)]), calls[-3:]
 
 
-_COMMS_SCRIPT = """
-import torch, zeroshard
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
-config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-          "zero_optimization": {"stage": 3}, "comms_logger": %s}
-engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=model.parameters(), config=config)
-for _ in range(2):
-    loss = engine(torch.randn(2, 8)).pow(2).mean()
-    engine.backward(loss)
-    engine.step()
-print("TRAINED", flush=True)
-"""
-
-
-def _run_comms_script(block):
-    import subprocess
-    r = subprocess.run([sys.executable, "-c", _COMMS_SCRIPT % repr(block)], capture_output=True, text=True,
-                       timeout=120, env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    return out
-
-
-def _comms_worker(block):
+def _comms_worker(block, summarize=True):
     import torch
     import zeroshard
     torch.manual_seed(0)
@@ -478,7 +493,27 @@ def _comms_worker(block):
         loss = engine(torch.randn(2, 8)).pow(2).mean()
         engine.backward(loss)
         engine.step()
-    return engine.comms_summary()
+    return engine.comms_summary() if summarize else None
+
+
+# A script of its own (no harness), so that the table it prints at exit is seen after its last line.
+_COMMS_SCRIPT = """
+import sys
+sys.path.insert(0, %r)
+from test_observe import _comms_worker
+_comms_worker(%r, summarize=False)
+print("TRAINED", flush=True)
+"""
+
+
+def _run_comms_script(block):
+    import subprocess
+    script = _COMMS_SCRIPT % (os.path.dirname(os.path.abspath(__file__)), block)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    return out
 
 
 @pytest.mark.parametrize("prof_all", [True, False], ids=["all", "prof_ops"])

@@ -82,7 +82,7 @@ def test_the_flops_profile_of_a_gpt_is_6_x_params_x_tokens_plus_attention(tmp_pa
                re.finditer(r"^( *\w+) \(\w+\):.*?, ([\d.]+) ms, [\d.]+% latency", detailed, re.M)}
     root = latency["GPT"]
     children = sum(ms for name, ms in latency.items() if re.match(r"^  \w", name))
-    assert 0.5 * root <= children <= root * 1.01, latency
+    assert root - 100 <= children <= root + 0.05, latency  # ms; the children run inside the root
     engine_forward = float(re.search(r"fwd latency:\s+([\d.]+) ms", text).group(1))
     assert root <= engine_forward * 1.01, (root, engine_forward)
 
@@ -102,12 +102,12 @@ def _aggregated(text):
 
 def test_module_depth_top_modules_and_detailed_shape_the_printed_profile(tmp_path):
     path = str(tmp_path / "profile.txt")
-    block = {"enabled": True, "profile_step": 1, "output_file": path, "module_depth": 2, "top_modules": 2,
-             "detailed": False}
+    block = {"enabled": True, "profile_step": 1, "output_file": path, "module_depth": 2, "top_modules": 2}
     r = run_distributed(_flops_worker, 1, block, timeout=180)[0]
     with open(path) as f:
         text = f.read()
-    assert "Detailed Profile per GPU" not in text, text
+    # module_depth shapes the aggregated part only: the detailed tree is whole (DeepSpeed's).
+    assert re.search(r"^      qkv \(Linear\):", text.split("Detailed Profile per GPU")[1], re.M), text
     depths = _aggregated(text)
     # module_depth 2: depths 0 and 1 (DeepSpeed's range(module_depth)), at most 2 classes a row.
     assert sorted(depths) == [0, 1], text
@@ -118,13 +118,14 @@ def test_module_depth_top_modules_and_detailed_shape_the_printed_profile(tmp_pat
     # The blocks (ModuleList) hold every matmul but the head's: the most forward MACs at depth 1.
     assert next(iter(depths[1]["MACs"])) == "ModuleList", depths[1]["MACs"]
 
-    # The default module_depth (-1): every depth, down to the blocks' Linear layers (depth 3).
+    # The default module_depth (-1): every depth, down to the blocks' Linear layers (depth 3);
+    # detailed false: no tree.
     path_all = str(tmp_path / "all.txt")
-    run_distributed(_flops_worker, 1, {"enabled": True, "output_file": path_all}, timeout=180)
+    run_distributed(_flops_worker, 1, {"enabled": True, "output_file": path_all, "detailed": False}, timeout=180)
     with open(path_all) as f:
         everything = f.read()
     depths = _aggregated(everything)
-    assert sorted(depths) == [0, 1, 2, 3] and "Detailed Profile per GPU" in everything, sorted(depths)
+    assert sorted(depths) == [0, 1, 2, 3] and "Detailed Profile per GPU" not in everything, sorted(depths)
     assert all(len(classes) == 1 for rows in depths.values() for classes in rows.values())  # top_modules 1
 
 

@@ -7,6 +7,7 @@ that many steps, as DeepSpeed's), its modules' forward latencies are timed too, 
 printed (or written to output_file) in DeepSpeed's layout. Otherwise the first micro-step of the
 run is counted once (ZEROSHARD_COUNT_FLOPS=0 turns that off) so that every progress line can say
 how many model FLOPs per second this rank achieves."""
+import functools
 import os
 import time
 
@@ -55,19 +56,14 @@ def _ms(seconds):
     return f"{seconds * 1e3:.2f} ms"
 
 
-_WARM = []
-
-
+@functools.cache
 def _warm_counter():
     """torch's first FlopCounterMode session imports and sets up what it needs inside the first
-    forward it counts (~0.85 s here), which the profile would report as the root module's latency:
-    one session over a tiny module pays that first, once per process."""
-    if _WARM:
-        return
+    forward it counts (most of a second here), which the profile would report as the root
+    module's latency: one session over a tiny module pays that first, once per process."""
     layer = torch.nn.Linear(2, 2)
     with FlopCounterMode(display=False, depth=None):
         layer(torch.ones(1, 2)).sum().backward()
-    _WARM.append(True)
 
 
 class _MicroStepCount:
@@ -226,7 +222,8 @@ class FlopsProfiler:
             yield full, m, (0 if not name else name.count(".") + 1)
 
     def _depth_limit(self):
-        """The depths shown: 0 to module_depth - 1 (DeepSpeed's range), every depth for -1."""
+        """The aggregated depths: 0 to module_depth - 1 (DeepSpeed's range), every depth for -1
+        (DeepSpeed's code leaves the innermost out there; its documentation says it is shown)."""
         limit = int(self._block.get("module_depth", -1))
         return None if limit < 0 else limit
 
@@ -257,15 +254,12 @@ class FlopsProfiler:
         return lines
 
     def _detailed(self, c, total_fwd, total_params):
-        limit = self._depth_limit()
         total_latency = c.latency.get(type(self._module).__name__, 0.0) or 1e-12
         lines = ["", "------------------------------ Detailed Profile per GPU ------------------------------",
                  "Each module profile is listed after its name in the following order:",
                  "params, percentage of total params, MACs, percentage of total MACs, fwd latency, "
                  "percentage of total fwd latency, fwd FLOPS, bwd flops", ""]
         for full, m, depth in self._modules():
-            if limit is not None and depth >= limit:
-                continue
             params = sum(_numel(p) for p in m.parameters())
             fwd, latency = _of(c.forward, full, m), _of(c.latency, full, m)
             label = full.split(".")[-1] if depth else full

@@ -55,23 +55,24 @@ class _ModuleSpans:
     a backward starts when the first gradient reaches the forward's outputs and ends when the
     lowest autograd nodes its forward created have run (zeroshard.graph)."""
 
-    def __init__(self, module, record):
+    def __init__(self, module, record, bounded):
         self._record = record
         self._open = {}  # id(module) -> [(start_ns, first autograd sequence number)]
         self._node_starts = {}  # id(autograd node) -> (node, [first gradient's time]), this step's
         self._handles = []
         # The hooks below allocate per module and micro-step, which sets off the garbage
         # collector's full passes over the whole heap (torch's objects included): frozen, the
-        # heap that was there before the trace is left out of them until the trace ends. The young
-        # generations' garbage (the last steps' cycles) is collected first (~1 ms); a full pass
-        # (~80 ms on bench/observe_overhead.py's GPT) is not made: garbage already in the oldest
-        # generation waits for the next full pass either way, which the freeze delays to the
-        # window's end. Not when the script froze a heap itself: unfreezing would undo its freeze
-        # too. The freeze is the process's: a second trace in the process finds it taken and
-        # leaves it to the first.
+        # heap that was there before the trace is left out of them until the trace ends. The
+        # garbage in it is collected first, so that the freeze keeps none of it: in a window of
+        # listed steps the young generations only (the last steps' cycles; a full pass costs a
+        # window's start most of its time, bench/RESULTS.md), as the oldest generation's garbage
+        # then waits a few steps at most; in an open window (steps []), which may last the whole
+        # run, all of it. Not when the script froze a heap itself: unfreezing would undo its
+        # freeze too. The freeze is the process's: a second trace in the process finds it taken
+        # and leaves it to the first.
         self._froze = gc.get_freeze_count() == 0
         if self._froze:
-            gc.collect(1)
+            gc.collect(1 if bounded else 2)
             gc.freeze()
         for name, m in module.named_modules():
             label = name or type(module).__name__
@@ -151,6 +152,7 @@ class Trace:
         """all_ranks_comm(): the communicator of every rank (the trace's start barrier)."""
         self._dir = block.get("output_path") or "zeroshard_trace"
         self._steps = set(int(s) for s in block.get("steps") or [])
+        self._bounded = bool(self._steps)  # the window ends at a listed step, not with the engine
         self._max_events = int(block.get("max_events") or 2_000_000)
         self._module, self._memory, self._comm = module, memory, all_ranks_comm
         self._rank, self._world = rank, world_size
@@ -188,7 +190,7 @@ class Trace:
         self._t0 = _C.trace.now_ns()
         _C.trace.start(self._max_events)
         self._memory.trace_sample()
-        self._spans = _ModuleSpans(self._module, self.record)
+        self._spans = _ModuleSpans(self._module, self.record, bounded=self._bounded)
 
     def sample_process(self):
         if self.recording:
