@@ -62,12 +62,12 @@ class _ModuleSpans:
         self._handles = []
         # The hooks below allocate per module and micro-step, which sets off the garbage
         # collector's full passes over the whole heap (torch's objects included): frozen, the
-        # heap that was there before the trace is left out of them until the trace ends. The
-        # garbage in it is collected first, so that the freeze keeps none of it: in a window of
-        # listed steps the young generations only (the last steps' cycles; a full pass costs a
-        # window's start most of its time, bench/RESULTS.md), as the oldest generation's garbage
-        # then waits a few steps at most; in an open window (steps []), which may last the whole
-        # run, all of it. Not when the script froze a heap itself: unfreezing would undo its
+        # heap that was there before the trace is left out of them until the trace ends. Garbage
+        # is collected first, so that the freeze keeps little: in a window of listed steps the
+        # young generations' only (the last steps' cycles; a full pass costs a window's start
+        # most of its time, bench/RESULTS.md), so the oldest generation's garbage is kept at
+        # least until the window ends, then waits for the next full pass as it would untraced; in
+        # an open window (steps []), which may last the whole run, all of it. Not when the script froze a heap itself: unfreezing would undo its
         # freeze too. The freeze is the process's: a second trace in the process finds it taken
         # and leaves it to the first.
         self._froze = gc.get_freeze_count() == 0
