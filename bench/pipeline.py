@@ -12,7 +12,10 @@ is its closed form); "+imbalance", the same lists replayed at each (rank, chunk)
 "+runtime", the median measured bubble over steps beyond that (transfers, Python). Deeper pipelines
 cannot be timed on 2 cores: for 4 and 8 stages it prints the lists' simulated bubble.
 
-    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--no-peers] [--deepspeed-venv /tmp/ds-venv]
+Each framework runs each schedule --rounds times, alternating (see run_rounds); samples/s is the
+median over rounds and the bubble columns are medians over zeroshard's rounds.
+
+    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--rounds 3] [--no-peers] [--deepspeed-venv /tmp/ds-venv]
 """
 import argparse
 import json
@@ -399,92 +402,134 @@ def bubbles(schedule, m, v, ranks):
 
 # ----- report -----
 def outcome(run, samples, reference):
-    """(cell, note) for one framework's run of one schedule: samples/s from the slowest rank's
-    median step, or why there is none."""
+    """(samples/s or None, note) for one run: samples/s from the slowest rank's median step, or
+    why there is none."""
     if "error" in run:
-        return ("not inst." if run["error"].startswith("not installed") else "failed"), run["error"]
+        return None, run["error"]
     ranks = run["ranks"]
     loss = next((r["first_loss"] for r in reversed(ranks) if r["first_loss"] is not None), None)
     if loss is None or abs(loss - reference) > LOSS_RTOL * abs(reference):
-        return "wrong loss", f"first-step loss {loss}, reference {reference:.7f}"
-    return f"{samples / max(r['step_s'] for r in ranks):.1f}", None
+        return None, f"wrong loss: first-step loss {loss}, reference {reference:.7f}"
+    return samples / max(r["step_s"] for r in ranks), None
+
+
+def cell(rates):
+    """The median samples/s over rounds, with its range when there are several."""
+    if not rates:
+        return "failed"
+    median = statistics.median(rates)
+    return f"{median:.1f}" if len(rates) == 1 else f"{median:.1f} ({min(rates):.1f}-{max(rates):.1f})"
+
+
+def run_rounds(m, steps, rounds, peers, venv, schedules):
+    """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
+    each schedule (zeroshard, torch, then DeepSpeed's 1F1B), so that the machine's drift over the
+    minutes a round takes falls on all alike. (framework, schedule) -> [run per round]."""
+    runs = {}
+    for _ in range(rounds):
+        for schedule, v in schedules:
+            runs.setdefault(("zeroshard", schedule), []).append(spawn(zeroshard_rank, m, steps, schedule, v))
+            if "torch" in peers:
+                runs.setdefault(("torch", schedule), []).append(spawn(torch_rank, m, steps, schedule, v))
+            if "deepspeed" in peers and schedule == "1f1b":
+                runs.setdefault(("deepspeed", schedule), []).append(run_deepspeed(m, steps, venv))
+    return runs
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="timed steps, after one warm-up step")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each framework and schedule, alternated")
+    parser.add_argument("--schedules", default=",".join(s for s, _ in SCHEDULES),
+                        help="which schedules, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
     args = parser.parse_args()
     m, steps = args.micro_batches, args.steps
     if steps < 1:
         raise SystemExit(f"--steps: got {steps}, expected >= 1 (timed steps after the warm-up)")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: got {args.rounds}, expected >= 1")
+    known = dict(SCHEDULES)
+    wanted = [name.strip() for name in args.schedules.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        raise SystemExit(f"--schedules: got {args.schedules!r}, expected names from {', '.join(known)}")
+    schedules = [(name, known[name]) for name in wanted]
     samples = m * MICRO
     torch.set_num_threads(1)
     reference = reference_loss(m)
-    runs = {("zeroshard", s): spawn(zeroshard_rank, m, steps, s, v) for s, v in SCHEDULES}
     peers = [] if args.no_peers else ["torch", "deepspeed"]
-    if peers:
-        runs.update({("torch", s): spawn(torch_rank, m, steps, s, v) for s, v in SCHEDULES})
-        runs["deepspeed", "1f1b"] = run_deepspeed(m, steps, args.deepspeed_venv)
+    runs = run_rounds(m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
-          f"2 stages (one process, one thread each), fp32, Gloo; {steps} timed steps after a warm-up")
+          f"2 stages (one process, one thread each), fp32, Gloo; {steps} timed steps after a warm-up; "
+          f"{args.rounds} round(s), the frameworks alternating")
     print(f"verified before timing: each run's first-step loss against a one-process reference "
-          f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g})")
-    for (framework, schedule), run in runs.items():
-        if "error" in run:
-            print(f"  {framework:9} {schedule:16} did not run: {run['error'][:100]}")
-            continue
-        loss = next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
-        rel = abs(loss - reference) / abs(reference) if loss is not None else float("inf")
-        print(f"  {framework:9} {schedule:16} {loss if loss is not None else float('nan'):.7f}  "
-              f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
+          f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
+    for (framework, schedule), per_round in runs.items():
+        losses = [next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
+                  for run in per_round if "ranks" in run]
+        failed = [run["error"] for run in per_round if "error" in run]
+        if failed:
+            print(f"  {framework:9} {schedule:16} {len(failed)} run(s) did not run: {failed[0][:100]}")
+        if losses:
+            worst = max(losses, key=lambda x: float("inf") if x is None else abs(x - reference))
+            rel = abs(worst - reference) / abs(reference) if worst is not None else float("inf")
+            print(f"  {framework:9} {schedule:16} {worst if worst is not None else float('nan'):.7f}  "
+                  f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
 
-    print(f"\n{'':18} {'samples/s':^32} | {'bubble fraction':^46}")
-    print(f"{'schedule':18} {'zeroshard':>10} {'torch':>10} {'deepspeed':>10} | {'theory':>8} {'list':>8} "
-          f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9}")
-    for schedule, v in SCHEDULES:
+    print(f"\n{'':18} {'samples/s (median over rounds, range)':^54} | {'bubble fraction (medians over rounds)':^56}")
+    print(f"{'schedule':18} {'zeroshard':>17} {'torch':>17} {'deepspeed':>17} | {'theory':>7} {'list':>7} "
+          f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9} {'-theory':>8}")
+    for schedule, v in schedules:
         cells, notes = [], []
-        for framework in ["zeroshard"] + peers:
-            run = runs.get((framework, schedule))
-            if run is None:
-                cells.append("-")  # DeepSpeed runs 1F1B only
-                continue
-            cell, note = outcome(run, samples, reference)
-            cells.append(cell)
-            if note:
-                notes.append(f"{framework}: {note}")
-        cells += [""] * (3 - len(cells))
-        ours = runs["zeroshard", schedule]
-        b = None
-        if "ranks" in ours:
-            try:
-                b = bubbles(schedule, m, v, ours["ranks"])
-            except Exception as error:  # noqa: BLE001 - shown in the table
-                notes.append(f"bubble: {_reason(error)}")
-        bubble_cells = "" if b is None else (
-            f"{b['theory']:8.3f} {b['list']:8.3f} {b['imbalance'] - b['list']:+10.3f} "
-            f"{b['measured'] - b['imbalance']:+9.3f} {b['measured']:9.3f}")
-        print(f"{schedule:18} {cells[0]:>10} {cells[1]:>10} {cells[2]:>10} | {bubble_cells}")
-        if b is not None:
+        for framework in ["zeroshard"] + [p for p in peers if (p, schedule) in runs]:
+            rates = []
+            for run in runs[framework, schedule]:
+                rate, note = outcome(run, samples, reference)
+                if rate is not None:
+                    rates.append(rate)
+                if note:
+                    notes.append(f"{framework}: {note[:160]}")
+            cells.append(cell(rates))
+        cells += ["-"] * (3 - len(cells))  # DeepSpeed runs 1F1B only
+        found = []
+        for run in runs["zeroshard", schedule]:
+            if "ranks" in run:
+                try:
+                    found.append(bubbles(schedule, m, v, run["ranks"]))
+                except Exception as error:  # noqa: BLE001 - shown in the table
+                    notes.append(f"bubble: {_reason(error)}")
+        bubble_cells = ""
+        if found:
+            med = {k: statistics.median(b[k] for b in found) for k in ("unit_theory", "list", "imbalance", "measured")}
+            bubble_cells = (f"{med['unit_theory']:7.3f} {med['list']:7.3f} {med['imbalance'] - med['list']:+10.3f} "
+                            f"{med['measured'] - med['imbalance']:+9.3f} {med['measured']:9.3f} "
+                            f"{med['measured'] - med['unit_theory']:+8.3f}")
+        print(f"{schedule:18} {cells[0]:>17} {cells[1]:>17} {cells[2]:>17} | {bubble_cells}")
+        if found:
+            b = found[len(found) // 2]
             costs = "; ".join(f"rank {r}: " + ", ".join(
                 f"{op}{'' if v == 1 else f'[{chunk}]'} {1e3 * s:.1f}" for (op, chunk), s in sorted(c.items()))
                 for r, c in enumerate(b["costs"]))
-            print(f"{'':20}costs ms {costs}")
+            print(f"{'':20}costs ms (round {len(found) // 2 + 1}) {costs}")
+            print(f"{'':20}measured bubble per round: " + ", ".join(f"{x['measured']:.3f}" for x in found))
             if schedule == "zero_bubble":
-                print(f"{'':20}theory: ZB-H1's closed form at the rank-averaged measured F, B, W; at F=B=W it is "
-                      f"{b['unit_theory']:.3f}")
+                print(f"{'':20}theory: ZB-H1 at F=B=W; its closed form at the rank-averaged measured F, B, W: "
+                      + ", ".join(f"{x['theory']:.3f}" for x in found))
             if b["deeper"]:
                 print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
                     f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
         for note in notes:
             print(f"{'':20}{note}")
-    print("\nlist: the executed lists simulated by the checker (_C.pipeline.simulate) at rank-averaged "
-          "measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own costs; "
-          "+runtime: the rest of the median measured bubble (transfers, Python; below 0 where buffered "
-          "sends beat the checker's rendezvous). Few steps on shared cores: differences of a few 0.01 are noise")
+    print("\ntheory: the closed form at unit costs, free transfers ((p-1)/(m+p-1), divided by v interleaved, "
+          "ZB-H1's for zero bubble); list: the executed lists simulated by the checker (_C.pipeline.simulate) "
+          "at rank-averaged measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own "
+          "costs; +runtime: the rest of the measured bubble (transfers, Python; below 0 where buffered sends "
+          "beat the checker's rendezvous); -theory: measured minus theory. Few steps on shared cores: "
+          "differences of a few 0.01 are noise")
 
 
 if __name__ == "__main__":
