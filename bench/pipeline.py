@@ -4,18 +4,20 @@ split into 2 stages, one process and one thread per stage (2 cores), Gloo on loo
 
 Verified before timed: each layer is built from its own seed, so all three start from the same
 weights, and each run's first step (the warm-up, never timed) must give a one-process reference's
-loss on the same data within LOSS_RTOL, else its samples/s reads "wrong loss". samples/s uses the
-slowest rank's median step time. For zeroshard every instruction of every step is timestamped (the
-same two clock reads in each step) and the bubble is split: "list", the executed lists simulated by
-the checker at rank-averaged measured costs with free transfers (what the schedule costs; "theory"
-is its closed form); "+imbalance", the same lists replayed at each (rank, chunk)'s own costs; and
-"+runtime", the median measured bubble over steps beyond that (transfers, Python). Deeper pipelines
-cannot be timed on 2 cores: for 4 and 8 stages it prints the lists' simulated bubble.
+loss on the same data within LOSS_RTOL, else the run is left out of the table (a note says why).
+samples/s uses the slowest rank's median step time. Each framework runs each schedule --rounds
+times, alternating (see run_rounds); samples/s is the median over the rounds that ran, with its
+range and "k/N" when some did not. For zeroshard every instruction of every step is timestamped
+(the same two clock reads in each step) and the bubble is split: "theory", the schedule's closed
+form at unit costs and free transfers; "list", the executed lists simulated by the checker at
+rank-averaged measured costs with free transfers; "+imbalance", the same lists replayed at each
+(rank, chunk)'s own costs; "+runtime", the measured bubble (median over a run's steps) beyond that
+(transfers, Python); "-theory", measured minus theory. theory, list and measured are medians over
+rounds, +imbalance and +runtime differences of those medians. Deeper pipelines cannot be timed on
+2 cores: for 4 and 8 stages it prints the lists' simulated bubble.
 
-Each framework runs each schedule --rounds times, alternating (see run_rounds); samples/s is the
-median over rounds and the bubble columns are medians over zeroshard's rounds.
-
-    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--rounds 3] [--no-peers] [--deepspeed-venv /tmp/ds-venv]
+    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
+                             [--no-peers] [--deepspeed-venv /tmp/ds-venv]
 """
 import argparse
 import json
@@ -413,18 +415,28 @@ def outcome(run, samples, reference):
     return samples / max(r["step_s"] for r in ranks), None
 
 
-def cell(rates):
-    """The median samples/s over rounds, with its range when there are several."""
+def cell(per_round, samples, reference):
+    """(the median samples/s over the rounds that ran, with its range and k/N when some did not;
+    the notes of those that did not)."""
+    rates, notes = [], []
+    for run in per_round:
+        rate, note = outcome(run, samples, reference)
+        (rates if rate is not None else notes).append(rate if rate is not None else note)
     if not rates:
-        return "failed"
-    median = statistics.median(rates)
-    return f"{median:.1f}" if len(rates) == 1 else f"{median:.1f} ({min(rates):.1f}-{max(rates):.1f})"
+        return ("not inst." if all(n.startswith("not installed") for n in notes) else "failed"), notes
+    text = f"{statistics.median(rates):.1f}"
+    if len(rates) > 1:
+        text += f" ({min(rates):.1f}-{max(rates):.1f})"
+    if len(rates) < len(per_round):
+        text += f" {len(rates)}/{len(per_round)}"
+    return text, notes
 
 
 def run_rounds(m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
-    each schedule (zeroshard, torch, then DeepSpeed's 1F1B), so that the machine's drift over the
-    minutes a round takes falls on all alike. (framework, schedule) -> [run per round]."""
+    each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
+    machine's drift over the minutes a round takes falls on all alike.
+    (framework, schedule) -> [run per round]."""
     runs = {}
     for _ in range(rounds):
         for schedule, v in schedules:
@@ -434,6 +446,61 @@ def run_rounds(m, steps, rounds, peers, venv, schedules):
             if "deepspeed" in peers and schedule == "1f1b":
                 runs.setdefault(("deepspeed", schedule), []).append(run_deepspeed(m, steps, venv))
     return runs
+
+
+def print_losses(runs, reference):
+    for (framework, schedule), per_round in runs.items():
+        losses = [next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
+                  for run in per_round if "ranks" in run]
+        failed = [run["error"] for run in per_round if "error" in run]
+        if failed:
+            print(f"  {framework:9} {schedule:16} {len(failed)} run(s) did not run: {failed[0][:100]}")
+        if losses:
+            worst = max(losses, key=lambda x: float("inf") if x is None else abs(x - reference))
+            rel = abs(worst - reference) / abs(reference) if worst is not None else float("inf")
+            print(f"  {framework:9} {schedule:16} {worst if worst is not None else float('nan'):.7f}  "
+                  f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
+
+
+def print_schedule(schedule, v, runs, peers, samples, reference, m):
+    """One schedule's row: samples/s per framework, zeroshard's bubble split, and the details."""
+    cells, notes = [], []
+    for framework in ["zeroshard"] + [p for p in peers if (p, schedule) in runs]:
+        text, failed = cell(runs[framework, schedule], samples, reference)
+        cells.append(text)
+        notes += [f"{framework}: {note[:160]}" for note in failed]
+    cells += ["-"] * (3 - len(cells))  # a framework not asked for, or DeepSpeed beside 1F1B only
+    found = []  # (round, bubbles) of zeroshard's rounds whose loss was right
+    for number, run in enumerate(runs["zeroshard", schedule], start=1):
+        if outcome(run, samples, reference)[0] is None:
+            continue
+        try:
+            found.append((number, bubbles(schedule, m, v, run["ranks"])))
+        except Exception as error:  # noqa: BLE001 - shown in the table
+            notes.append(f"bubble: {_reason(error)}")
+    bubble_cells = ""
+    if found:
+        med = {k: statistics.median(b[k] for _, b in found) for k in ("unit_theory", "list", "imbalance", "measured")}
+        bubble_cells = (f"{med['unit_theory']:7.3f} {med['list']:7.3f} {med['imbalance'] - med['list']:+10.3f} "
+                        f"{med['measured'] - med['imbalance']:+9.3f} {med['measured']:9.3f} "
+                        f"{med['measured'] - med['unit_theory']:+8.3f}")
+    print(f"{schedule:18} {cells[0]:>17} {cells[1]:>17} {cells[2]:>17} | {bubble_cells}")
+    if found:
+        number, b = found[len(found) // 2]
+        costs = "; ".join(f"rank {r}: " + ", ".join(
+            f"{op}{'' if v == 1 else f'[{chunk}]'} {1e3 * s:.1f}" for (op, chunk), s in sorted(c.items()))
+            for r, c in enumerate(b["costs"]))
+        print(f"{'':20}costs ms (round {number}) {costs}")
+        print(f"{'':20}measured bubble per round: " + ", ".join(f"{b_['measured']:.3f}" for _, b_ in found))
+        if schedule == "zero_bubble":
+            print(f"{'':20}theory: ZB-H1 at F=B=W; its closed form at the rank-averaged measured F, B, W, and "
+                  "measured minus it, per round: " + ", ".join(
+                      f"{b_['theory']:.3f} ({b_['measured'] - b_['theory']:+.3f})" for _, b_ in found))
+        if b["deeper"]:
+            print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
+                f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
+    for note in dict.fromkeys(notes):  # a failure repeated in every round is said once
+        print(f"{'':20}{note}")
 
 
 def main():
@@ -452,7 +519,7 @@ def main():
     if args.rounds < 1:
         raise SystemExit(f"--rounds: got {args.rounds}, expected >= 1")
     known = dict(SCHEDULES)
-    wanted = [name.strip() for name in args.schedules.split(",") if name.strip()]
+    wanted = list(dict.fromkeys(name.strip() for name in args.schedules.split(",") if name.strip()))
     unknown = [name for name in wanted if name not in known]
     if unknown or not wanted:
         raise SystemExit(f"--schedules: got {args.schedules!r}, expected names from {', '.join(known)}")
@@ -468,67 +535,19 @@ def main():
           f"{args.rounds} round(s), the frameworks alternating")
     print(f"verified before timing: each run's first-step loss against a one-process reference "
           f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
-    for (framework, schedule), per_round in runs.items():
-        losses = [next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
-                  for run in per_round if "ranks" in run]
-        failed = [run["error"] for run in per_round if "error" in run]
-        if failed:
-            print(f"  {framework:9} {schedule:16} {len(failed)} run(s) did not run: {failed[0][:100]}")
-        if losses:
-            worst = max(losses, key=lambda x: float("inf") if x is None else abs(x - reference))
-            rel = abs(worst - reference) / abs(reference) if worst is not None else float("inf")
-            print(f"  {framework:9} {schedule:16} {worst if worst is not None else float('nan'):.7f}  "
-                  f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
-
-    print(f"\n{'':18} {'samples/s (median over rounds, range)':^54} | {'bubble fraction (medians over rounds)':^56}")
+    print_losses(runs, reference)
+    print(f"\n{'':18} {'samples/s (median over rounds, range)':^54} | "
+          f"{'bubble fraction (medians over rounds; see below)':^56}")
     print(f"{'schedule':18} {'zeroshard':>17} {'torch':>17} {'deepspeed':>17} | {'theory':>7} {'list':>7} "
           f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9} {'-theory':>8}")
     for schedule, v in schedules:
-        cells, notes = [], []
-        for framework in ["zeroshard"] + [p for p in peers if (p, schedule) in runs]:
-            rates = []
-            for run in runs[framework, schedule]:
-                rate, note = outcome(run, samples, reference)
-                if rate is not None:
-                    rates.append(rate)
-                if note:
-                    notes.append(f"{framework}: {note[:160]}")
-            cells.append(cell(rates))
-        cells += ["-"] * (3 - len(cells))  # DeepSpeed runs 1F1B only
-        found = []
-        for run in runs["zeroshard", schedule]:
-            if "ranks" in run:
-                try:
-                    found.append(bubbles(schedule, m, v, run["ranks"]))
-                except Exception as error:  # noqa: BLE001 - shown in the table
-                    notes.append(f"bubble: {_reason(error)}")
-        bubble_cells = ""
-        if found:
-            med = {k: statistics.median(b[k] for b in found) for k in ("unit_theory", "list", "imbalance", "measured")}
-            bubble_cells = (f"{med['unit_theory']:7.3f} {med['list']:7.3f} {med['imbalance'] - med['list']:+10.3f} "
-                            f"{med['measured'] - med['imbalance']:+9.3f} {med['measured']:9.3f} "
-                            f"{med['measured'] - med['unit_theory']:+8.3f}")
-        print(f"{schedule:18} {cells[0]:>17} {cells[1]:>17} {cells[2]:>17} | {bubble_cells}")
-        if found:
-            b = found[len(found) // 2]
-            costs = "; ".join(f"rank {r}: " + ", ".join(
-                f"{op}{'' if v == 1 else f'[{chunk}]'} {1e3 * s:.1f}" for (op, chunk), s in sorted(c.items()))
-                for r, c in enumerate(b["costs"]))
-            print(f"{'':20}costs ms (round {len(found) // 2 + 1}) {costs}")
-            print(f"{'':20}measured bubble per round: " + ", ".join(f"{x['measured']:.3f}" for x in found))
-            if schedule == "zero_bubble":
-                print(f"{'':20}theory: ZB-H1 at F=B=W; its closed form at the rank-averaged measured F, B, W: "
-                      + ", ".join(f"{x['theory']:.3f}" for x in found))
-            if b["deeper"]:
-                print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
-                    f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
-        for note in notes:
-            print(f"{'':20}{note}")
+        print_schedule(schedule, v, runs, peers, samples, reference, m)
     print("\ntheory: the closed form at unit costs, free transfers ((p-1)/(m+p-1), divided by v interleaved, "
           "ZB-H1's for zero bubble); list: the executed lists simulated by the checker (_C.pipeline.simulate) "
           "at rank-averaged measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own "
           "costs; +runtime: the rest of the measured bubble (transfers, Python; below 0 where buffered sends "
-          "beat the checker's rendezvous); -theory: measured minus theory. Few steps on shared cores: "
+          "beat the checker's rendezvous); -theory: measured minus theory. theory, list, measured: medians "
+          "over rounds; +imbalance, +runtime: differences of those medians. Few steps on shared cores: "
           "differences of a few 0.01 are noise")
 
 
