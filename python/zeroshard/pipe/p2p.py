@@ -60,12 +60,21 @@ class StageLinks:
         self._device = device
         self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
         self._sending = []  # [(works, tensors)] per message in flight, oldest first
-        self.posts_ahead = comm.backend != "nccl"
+        # NCCL ignores tags and matches a pair of ranks' transfers in the order they are issued;
+        # Gloo matches by tag. In order, every transfer gets one tag and receives wait for their
+        # instruction, which the checked schedule's order makes match; over Gloo that is NCCL's
+        # matching on the CPU (tests/python/test_pipe_parity.py turns it on there).
+        self.matches_in_order = comm.backend == "nccl"
 
-    @staticmethod
-    def _tag(kind, micro_batch, stage):
-        # Gloo matches by tag too (NCCL ignores tags and relies on the order, which the
-        # checked schedule keeps): one tag per tensor kind, micro-batch and boundary.
+    @property
+    def posts_ahead(self):
+        """Whether receives may be started ahead of their instruction (matched by tag)."""
+        return not self.matches_in_order
+
+    def _tag(self, kind, micro_batch, stage):
+        if self.matches_in_order:
+            return 0
+        # One tag per tensor kind, micro-batch and boundary.
         return 1 + 4 * (micro_batch * 4096 + stage) + {"activation": 0, "gradient": 1, "layout": 2}[kind]
 
     def send(self, tensors, kind, stage, micro_batch, peer):
