@@ -292,3 +292,18 @@ def test_training_data_and_a_layer_that_returns_the_loss():
         assert all(l == l and l > 0 for l in r["losses"]), r["losses"]
         assert r["losses"] == results[0]["losses"]  # every rank returns the same mean loss
         assert r["read_on"] == "ok", r["read_on"]
+
+
+def test_an_int16_boundary_tensor_on_nccl_is_named_before_any_transfer():
+    import torch
+    from zeroshard.pipe.p2p import StageLinks
+
+    class NcclComm:  # what StageLinks reads of an NCCL communicator; no transfer may start
+        backend = "nccl"
+
+        def __getattr__(self, name):
+            raise AssertionError(f"{name} called: the error must come before any transfer")
+
+    links = StageLinks(NcclComm(), torch.device("cpu"))
+    with pytest.raises(TypeError, match=r"stage 0 outputs an int16 tensor, which NCCL cannot send; make it int32"):
+        links.send((torch.zeros(2, 3, dtype=torch.int16),), "activation", 1, 0, peer=1)

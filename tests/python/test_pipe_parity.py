@@ -7,8 +7,8 @@ and 1) in two of the schedules, and eval_batch's loss and outputs afterwards. Th
 DeepSpeed pipeline scripts build theirs (LayerSpec, TiedLayerSpec, loss_fn, seed_layers,
 initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad])). bf16,
 and fp16 with dynamic loss scaling, at 2 stages x 1 data match the same fp32 reference within
-16-bit roundoff (tolerance stated below). The parity runs also run with NCCL's point-to-point
-matching (in issue order, tags ignored) over Gloo, the path an NCCL pipeline takes."""
+16-bit roundoff (tolerance stated below). The parity runs also run with NCCL's matching order
+for point-to-point transfers (in issue order, tags ignored) over Gloo."""
 import os
 
 import pytest
@@ -50,8 +50,7 @@ def _run(schedule, stages, virtual, zero_stage, clip, partition, interval, in_or
     }
     engine, _, _, _ = zeroshard.initialize(model=net, config=config,
                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
-    # NCCL's matching (in issue order, tags ignored) over Gloo: a schedule whose two sides issue
-    # a boundary's transfers in different orders would swap or mismatch tensors here.
+    # Two sides issuing a boundary's transfers in different orders swap or mismatch tensors here.
     engine._links.matches_in_order = in_order
     data = batches(STEPS, MICRO, GAS, dp, seed=7)
     it = rank_micro_batches(data, MICRO, GAS, engine.grid.get_data_parallel_id())

@@ -201,6 +201,9 @@ class TrainStep:
 
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):
+        # Sends still in flight end first: on NCCL, point-to-point work pending on one
+        # communicator while another's collective starts can deadlock.
+        self.links.finish()
         with self.engine._named_by_world("reduce_tied"):
             self._reduce_tied()
 
@@ -215,6 +218,7 @@ class TrainStep:
                 comm.all_reduce(weight.grad, f"tied gradient {key}.{attr} over stages {stages}")
 
     def reduce_data_parallel(self, mb, chunk, peer):
+        self.links.finish()  # as in reduce_tied
         # An empty boundary backward: the reducer reduces every bucket (stages 0 and 1).
         with self.engine._named_by_world("reduce_data_parallel"):
             self.core.before_backward(True)

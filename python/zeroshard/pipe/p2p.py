@@ -49,22 +49,22 @@ class StageLinks:
     Sends return at once (the backend's thread moves the data while the stage computes); a rank
     keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
     schedule is deadlock-free with sends that block until received, so waiting for a send at any
-    later point cannot deadlock either, and it ends no later than that send would have). Receives
-    can be posted ahead of the instruction that waits for them (post), so that the data arrives
-    during the computation before it: on Gloo only, which matches transfers by tag; NCCL matches a
-    pair of ranks' transfers in the order they are issued, and a receive moved ahead of a send could
-    meet its peer's receive first."""
+    later point cannot deadlock either, and it ends no later than that send would have).
+
+    Matching: Gloo matches transfers by tag, so receives can be posted ahead of the instruction
+    that waits for them (post), and their data arrives during the computation before it. NCCL
+    ignores tags and matches each direction between two ranks in issue order, where a receive
+    moved ahead could meet the wrong send: with matches_in_order (set on NCCL) every transfer gets
+    one tag and receives wait for their instruction. The setting can be turned on over Gloo, which
+    then matches in issue order too (tests/python/test_pipe_parity.py runs NCCL's order that way)."""
 
     def __init__(self, comm, device):
         self._comm = comm
         self._device = device
         self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
         self._sending = []  # [(works, tensors)] per message in flight, oldest first
-        # NCCL ignores tags and matches a pair of ranks' transfers in the order they are issued;
-        # Gloo matches by tag. In order, every transfer gets one tag and receives wait for their
-        # instruction, which the checked schedule's order makes match; over Gloo that is NCCL's
-        # matching on the CPU (tests/python/test_pipe_parity.py turns it on there).
-        self.matches_in_order = comm.backend == "nccl"
+        self._backend = comm.backend
+        self.matches_in_order = comm.backend == "nccl"  # see the class's docstring
 
     @property
     def posts_ahead(self):
@@ -74,7 +74,7 @@ class StageLinks:
     def _tag(self, kind, micro_batch, stage):
         if self.matches_in_order:
             return 0
-        # One tag per tensor kind, micro-batch and boundary.
+        # Gloo matches by tag: one per tensor kind, micro-batch and boundary.
         return 1 + 4 * (micro_batch * 4096 + stage) + {"activation": 0, "gradient": 1, "layout": 2}[kind]
 
     def send(self, tensors, kind, stage, micro_batch, peer):
@@ -156,6 +156,9 @@ class StageLinks:
             if dtype not in _DTYPES:
                 raise TypeError(f"pipeline: stage {stage - 1} outputs a {dtype} tensor; boundary "
                                 f"tensors may be {', '.join(str(d) for d in _DTYPES)}")
+            if dtype == torch.int16 and self._backend == "nccl":  # NCCL has no 16-bit integer type
+                raise TypeError(f"pipeline: stage {stage - 1} outputs an int16 tensor, which NCCL cannot "
+                                "send; make it int32 (or int8) at the stage boundary")
             codes += [_DTYPES.index(dtype), len(shape), *shape]
         message = torch.tensor(codes, dtype=torch.int64, device=self._device)
         size = torch.tensor([message.numel()], dtype=torch.int64, device=self._device)
