@@ -169,3 +169,30 @@ def test_eval_outputs_average_floats_and_name_an_integer_output():
         assert r["as_is_dtypes"] == [["torch.float32", "torch.bool"]] * GAS, r
         # Floating outputs: the mean over micro-batches and both replicas.
         assert r["avg_err"] < 1e-6, f"rank {rank}: {r['avg_err']}"
+
+
+def _tuple_boundary_worker(in_order):
+    import zeroshard
+    from zeroshard.pipe import LayerSpec, PipelineModule
+    torch.manual_seed(0)
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(Head)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="uniform", seed_layers=True,
+                         virtual_stages=2)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
+              "pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    engine._links.matches_in_order = in_order  # NCCL's matching order, over Gloo
+    data = [(s[:, :-1], s[:, 1:]) for s in _sequences(3 * GAS, 6, seed=4)]
+    losses = [float(engine.train_batch(iter(data[i * GAS:(i + 1) * GAS]))) for i in range(3)]
+    evaluated = float(engine.eval_batch(iter(data[:GAS])))
+    return losses + [evaluated]
+
+
+def test_a_tuple_with_a_mask_crosses_stages_in_nccls_matching_order_as_by_tag():
+    # (hidden, bool mask) at every boundary, interleaved (both directions between the two ranks
+    # carry activations and gradients), training and eval_batch.
+    by_tag = run_distributed(_tuple_boundary_worker, 2, False, timeout=120)
+    in_order = run_distributed(_tuple_boundary_worker, 2, True, timeout=120)
+    assert by_tag == in_order, (by_tag, in_order)
