@@ -403,13 +403,18 @@ def bubbles(schedule, m, v, ranks):
 
 
 # ----- report -----
+def reported_loss(run):
+    """The run's first-step loss (the last stage's rank reports it), or None."""
+    return next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
+
+
 def outcome(run, samples, reference):
     """(samples/s or None, note) for one run: samples/s from the slowest rank's median step, or
     why there is none."""
     if "error" in run:
         return None, run["error"]
     ranks = run["ranks"]
-    loss = next((r["first_loss"] for r in reversed(ranks) if r["first_loss"] is not None), None)
+    loss = reported_loss(run)
     if loss is None or abs(loss - reference) > LOSS_RTOL * abs(reference):
         return None, f"wrong loss: first-step loss {loss}, reference {reference:.7f}"
     return samples / max(r["step_s"] for r in ranks), None
@@ -450,8 +455,7 @@ def run_rounds(m, steps, rounds, peers, venv, schedules):
 
 def print_losses(runs, reference):
     for (framework, schedule), per_round in runs.items():
-        losses = [next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
-                  for run in per_round if "ranks" in run]
+        losses = [reported_loss(run) for run in per_round if "ranks" in run]
         failed = [run["error"] for run in per_round if "error" in run]
         if failed:
             print(f"  {framework:9} {schedule:16} {len(failed)} run(s) did not run: {failed[0][:100]}")

@@ -137,6 +137,11 @@ def process_peaks(events):
     return peaks
 
 
+# process_peaks' keys: the summary's title and what "the rest" holds.
+_PEAK_LABELS = {"torch_allocated": ("peak torch allocated", "activations and temporaries"),
+                "resident": ("peak resident memory", "activations, temporaries, Python, torch and libraries")}
+
+
 def _mb(nbytes):
     return f"{nbytes / 1e6:.2f} MB"
 
@@ -163,10 +168,8 @@ def summarize(events, top=5):
         if peak >= 0:
             parts = ", ".join(f"{c} {_mb(held.get(c, 0))}" for c in DEVICE_CATEGORIES if held.get(c))
             lines.append(f"  peak model state {_mb(peak)} at {when / 1e3:.1f} ms: {parts}")
-        labels = {"torch_allocated": ("peak torch allocated", "activations and temporaries"),
-                  "resident": ("peak resident memory", "activations, temporaries, Python, torch and libraries")}
         for key, p in process_peaks(evs).items():
-            title, rest = labels[key]
+            title, rest = _PEAK_LABELS[key]
             lines.append(f"  {title} {_mb(p['bytes'])} at {p['ts'] / 1e3:.1f} ms: accounted model state "
                          f"{_mb(p['accounted'])}, the rest ({rest}) {_mb(p['rest'])}")
     return "\n".join(lines)
