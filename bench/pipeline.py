@@ -7,7 +7,8 @@ weights, and each run's first step (the warm-up, never timed) must give a one-pr
 loss on the same data within LOSS_RTOL, else the run is left out of the table (a note says why).
 samples/s uses the slowest rank's median step time. Each framework runs each schedule --rounds
 times, alternating (see run_rounds); samples/s is the median over the rounds that ran, with its
-range and "k/N" when some did not. For zeroshard every instruction of every step is timestamped
+range and "k/N" when some did not, and zeroshard's samples/s over each peer's in the same round
+(paired, so that the machine's drift over a run cancels). For zeroshard every instruction of every step is timestamped
 (the same two clock reads in each step) and the bubble is split: "theory", the schedule's closed
 form at unit costs and free transfers; "list", the executed lists simulated by the checker at
 rank-averaged measured costs with free transfers; "+imbalance", the same lists replayed at each
@@ -437,6 +438,13 @@ def cell(per_round, samples, reference):
     return text, notes
 
 
+def paired_ratios(ours, theirs, samples, reference):
+    """zeroshard's samples/s over the peer's, round by round (the two ran minutes apart at most, so
+    the machine's slower drift cancels), for the rounds where both ran with the right loss."""
+    pairs = [(outcome(a, samples, reference)[0], outcome(b, samples, reference)[0]) for a, b in zip(ours, theirs)]
+    return [a / b for a, b in pairs if a is not None and b is not None]
+
+
 def run_rounds(m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
     each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
@@ -503,6 +511,11 @@ def print_schedule(schedule, v, runs, peers, samples, reference, m):
         if b["deeper"]:
             print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
                 f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
+    for peer in [p for p in peers if (p, schedule) in runs]:
+        ratios = paired_ratios(runs["zeroshard", schedule], runs[peer, schedule], samples, reference)
+        if ratios:
+            print(f"{'':20}zeroshard / {peer} samples/s in the same round: median {statistics.median(ratios):.3f} "
+                  f"(" + ", ".join(f"{r:.3f}" for r in ratios) + ")")
     for note in dict.fromkeys(notes):  # a failure repeated in every round is said once
         print(f"{'':20}{note}")
 
