@@ -245,6 +245,8 @@ void bind_zero(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release_params", &ParamGatherer::release_params, py::arg("param_indices"),
            py::call_guard<py::gil_scoped_release>())
+      .def("release_unreferenced", &ParamGatherer::release_unreferenced,
+           py::call_guard<py::gil_scoped_release>())
       .def("write_back", &ParamGatherer::write_back, py::arg("param_index"),
            py::arg("modifier_rank") = -1, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("live_gathered_numel",

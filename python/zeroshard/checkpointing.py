@@ -103,22 +103,31 @@ def get_cuda_rng_tracker():
     return _CUDA_RNG_STATE_TRACKER
 
 
-def _tensor_parallel_rank(mpu):
-    """The tensor-slice rank of configure()'s mpu under each naming generation (0 without one)."""
+# configure()'s mpu names its tensor slice in one of three generations (Megatron-LM's current,
+# DeepSpeed's grid, Megatron's older): (rank method, size method), tried in this order. A
+# pipeline grid's get_model_parallel_* count its stages too, so the slice names come first.
+_TENSOR_PARALLEL_NAMES = (("get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size"),
+                          ("get_slice_parallel_rank", "get_slice_parallel_world_size"),
+                          ("get_model_parallel_rank", "get_model_parallel_world_size"))
+
+
+def _tensor_parallel(mpu, which):
+    """configure()'s mpu's tensor slice: this rank's (which=0) or the number of slices (which=1);
+    0 and 1 without an mpu. The generation is the one whose rank method the mpu has."""
     if mpu is None:
-        return 0
-    for name in ("get_tensor_model_parallel_rank", "get_slice_parallel_rank", "get_model_parallel_rank"):
-        if hasattr(mpu, name):
-            return getattr(mpu, name)()
-    raise ValueError("checkpointing: configure()'s mpu has none of get_tensor_model_parallel_rank, "
-                     "get_slice_parallel_rank, get_model_parallel_rank")
+        return (0, 1)[which]
+    for names in _TENSOR_PARALLEL_NAMES:
+        if hasattr(mpu, names[0]):
+            return getattr(mpu, names[which])()
+    raise ValueError("checkpointing: configure()'s mpu has none of "
+                     + ", ".join(rank for rank, _ in _TENSOR_PARALLEL_NAMES))
 
 
 def model_parallel_cuda_manual_seed(seed):
     """Seeds the default generator with `seed` (the same on every tensor slice: dropout outside
     tensor-parallel regions) and starts the tracker's model-parallel stream at seed + 2718 + the
     tensor-slice rank (different per slice). Clears the tracker first, as DeepSpeed does."""
-    tp_rank = _tensor_parallel_rank(_settings["mpu"])
+    tp_rank = _tensor_parallel(_settings["mpu"], 0)
     model_parallel_seed = seed + _MODEL_PARALLEL_SEED_OFFSET + tp_rank
     log_rank0(f"checkpointing: model parallel seed {model_parallel_seed} (tensor-slice rank {tp_rank}), "
               f"data parallel seed {seed}", int(os.environ.get("RANK", "0")))
@@ -132,7 +141,7 @@ def model_parallel_cuda_manual_seed(seed):
 
 def model_parallel_reconfigure_tp_seed(seed):
     """Re-seeds the model-parallel stream (seed + 2718 + tensor-slice rank) without touching the default."""
-    tp_rank = _tensor_parallel_rank(_settings["mpu"])
+    tp_rank = _tensor_parallel(_settings["mpu"], 0)
     with _CUDA_RNG_STATE_TRACKER.fork():
         _set_cuda_rng_state(_seeded_state(seed + _MODEL_PARALLEL_SEED_OFFSET + tp_rank))
 
@@ -204,20 +213,26 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguou
     partition = block.get("partition_activations", False) if partition_activations is None else partition_activations
     contiguous = (block.get("contiguous_memory_optimization", False) if contiguous_checkpointing is None
                   else contiguous_checkpointing)
-    if partition:
-        raise ValueError("checkpointing.configure: partition_activations splits activations over "
-                         "tensor-parallel ranks, which zeroshard does not have")
-    if contiguous:
-        raise ValueError("checkpointing.configure: contiguous_memory_optimization "
-                         "(contiguous_checkpointing) is not supported")
+    mpu = mpu_ if mpu_ is not None else _settings["mpu"]
+    slices = _tensor_parallel(mpu, 1) if partition else 1
+    if slices > 1:
+        raise ValueError(f"checkpointing.configure: partition_activations splits activations over the "
+                         f"{slices} tensor-parallel ranks of the mpu, which zeroshard does not implement")
+    if contiguous and not partition:
+        raise ValueError("checkpointing.configure: contiguous_memory_optimization (contiguous_checkpointing) "
+                         "needs partition_activations, as in DeepSpeed")
     cpu = block.get("cpu_checkpointing", False) if checkpoint_in_cpu is None else checkpoint_in_cpu
-    # Timing and buffer-count options, which change nothing here: said, not dropped silently.
+    # Options that change nothing here, said, not dropped silently: timing and buffer counts, and
+    # a partition over one tensor-parallel rank (each activation stays whole, as it would in
+    # DeepSpeed) into contiguous buffers zeroshard does not preallocate.
     for key, value in (("synchronize_checkpoint_boundary", synchronize), ("profile", profile),
-                       ("number_checkpoints", num_checkpoints)):
+                       ("number_checkpoints", num_checkpoints), ("partition_activations", partition),
+                       ("contiguous_memory_optimization", contiguous)):
         value = block.get(key) if value is None else value
         if value not in (None, False):
             log_rank0(f"warning: checkpointing.configure: {key}={value!r} has no effect in zeroshard "
-                      "(no device synchronization, profiling or preallocated checkpoint buffers)",
+                      "(no device synchronization, profiling, preallocated checkpoint buffers, or "
+                      "tensor-parallel ranks to split activations over)",
                       int(os.environ.get("RANK", "0")))
     _settings.update(cpu_checkpointing=bool(cpu), configured=True)
     if mpu_ is not None:

@@ -1,6 +1,7 @@
 """The engine that wraps the user's nn.Module: DeepSpeed's initialize() and engine API. Python
 orchestrates (hooks, data, logging); buffers, reduction and the optimizer step live in C++."""
 import contextlib
+import gc
 import json
 import os
 
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from zeroshard import _C
+from zeroshard.accelerator import get_accelerator
 from zeroshard.comm import device as comm_device
 from zeroshard.comm import init_distributed, new_comm, release_at_exit
 from zeroshard.config import config_changes, load_config
@@ -57,6 +59,9 @@ def _warn_unused_pipeline_keys(args, config, config_params):
 
 
 class ZeroShardEngine(torch.nn.Module):
+    # initialize(training_data=...)'s loader shuffles each epoch, as DeepSpeed's engine's does.
+    _shuffles_training_data = True
+
     def __init__(self, args=None, model=None, optimizer=None, model_parameters=None,
                  training_data=None, lr_scheduler=None, distributed_port=29500, mpu=None,
                  dist_init_required=None, collate_fn=None, config=None, config_params=None):
@@ -69,6 +74,7 @@ class ZeroShardEngine(torch.nn.Module):
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.dp_world_size = self._data_parallel_size(mpu)
+        self._mpu = mpu
         tbs, micro, gas = self._config.resolve_batch(self.dp_world_size)
         self._train_batch_size, self._micro_batch_size, self._gas = tbs, micro, gas
         s = _C.engine_settings(self._config)
@@ -100,7 +106,8 @@ class ZeroShardEngine(torch.nn.Module):
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             make_dataloader(training_data, self._micro_batch_size, self.dp_world_size,
-                            self._data_parallel_rank(), collate_fn, s["dataloader_drop_last"])
+                            self._data_parallel_rank(), collate_fn, s["dataloader_drop_last"],
+                            shuffle=self._shuffles_training_data)
             if training_data is not None else None)
 
         self._boundary_override = None
@@ -521,6 +528,21 @@ class ZeroShardEngine(torch.nn.Module):
         text = observe_comms.summary()
         log_rank0(text, self.global_rank)
         return text
+
+    @property
+    def mpu(self):
+        """DeepSpeed's: the model-parallel unit initialize was given (None without one)."""
+        return self._mpu
+
+    def empty_partition_cache(self):
+        """DeepSpeed's: at stage 3 releases the gathered parameters nothing holds (zero/hooks.py),
+        then collects garbage and empties the device's cache. Below stage 3 nothing is gathered.
+        Departure: persistent parameters stay whole (DeepSpeed releases them too)."""
+        self._refuse_if_destroyed()
+        if self._core.strategy.partitions_params:
+            zero_hooks.empty_partition_cache(self._core)
+        gc.collect()
+        get_accelerator().empty_cache()
 
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""

@@ -90,10 +90,22 @@ MonitorConfig read_monitor(Block& top, const std::string& name) {
 void read_activation_checkpointing(Block& top, Config& c) {
   Block a = top.child("activation_checkpointing");
   ActivationCheckpointingConfig& ac = c.activation_checkpointing;
-  // Activation partitioning and contiguous buffers change where activations live (memory) and
-  // need tensor parallelism or DeepSpeed's buffers, which zeroshard.checkpointing does not have.
-  a.reject_unless_default("partition_activations", false, "activation partitioning");
-  a.reject_unless_default("contiguous_memory_optimization", false, "contiguous activation memory");
+  // Partitioning splits each checkpointed input over the tensor-parallel ranks, and contiguous
+  // buffers hold the pieces (DeepSpeed needs the first for the second). zeroshard's engines run
+  // with one tensor-parallel rank, where the one piece is the whole activation, as it is in
+  // DeepSpeed there: accepted, said to change nothing. zeroshard.checkpointing.configure refuses
+  // an mpu with more tensor-parallel ranks.
+  const bool partition = a.get_bool("partition_activations", false);
+  if (partition)
+    top.ctx().warn_ignored(a.path_of("partition_activations"), true,
+                           "one tensor-parallel rank, so each activation stays whole");
+  if (a.get_bool("contiguous_memory_optimization", false)) {
+    if (!partition)
+      a.fail("contiguous_memory_optimization",
+             "got true with partition_activations false; it needs partition_activations: true, as in DeepSpeed");
+    top.ctx().warn_ignored(a.path_of("contiguous_memory_optimization"), true,
+                           "zeroshard keeps no preallocated activation buffers");
+  }
   // zeroshard.checkpointing keeps checkpointed inputs in host memory with it (engine or configure()).
   ac.cpu_checkpointing = a.get_bool("cpu_checkpointing", ac.cpu_checkpointing);
   ac.number_checkpoints = a.get_opt_int("number_checkpoints", 0);

@@ -79,9 +79,29 @@ def test_cpu_checkpointing_from_the_config_keeps_inputs_on_the_host(monkeypatch)
     assert len(entered) == 1
 
 
-def test_what_it_cannot_do_is_an_error():
-    with pytest.raises(ValueError, match="contiguous_memory_optimization"):
+def test_what_it_cannot_do_is_an_error(monkeypatch):
+    said = []
+    monkeypatch.setattr(checkpointing, "log_rank0", lambda msg, rank: said.append(msg))
+    with pytest.raises(ValueError, match="contiguous_memory_optimization.*needs partition_activations"):
         checkpointing.configure(None, contiguous_checkpointing=True)
+    # Two tensor-parallel ranks to split each activation over: zeroshard has none.
+    with pytest.raises(ValueError, match="partition_activations.*2 tensor-parallel ranks"):
+        checkpointing.configure(_megatron_mpu(0), partition_activations=True)
+    # The mpu an earlier call gave is kept when a later one gives None, as in DeepSpeed.
+    checkpointing.configure(_megatron_mpu(0))
+    with pytest.raises(ValueError, match="partition_activations.*2 tensor-parallel ranks"):
+        checkpointing.configure(None, partition_activations=True)
+    # One tensor-parallel rank: a pipeline grid (two stages, whose get_model_parallel_* count them,
+    # one slice), then no mpu, as DeepSpeed's tests/unit/pipe calls it: nothing to split, so it runs
+    # and says that both options change nothing.
+    grid = types.SimpleNamespace(get_slice_parallel_rank=lambda: 0, get_slice_parallel_world_size=lambda: 1,
+                                 get_model_parallel_rank=lambda: 1, get_model_parallel_world_size=lambda: 2)
+    checkpointing.configure(grid, partition_activations=True)
+    checkpointing._settings["mpu"] = None
+    checkpointing.configure(None, partition_activations=True, contiguous_checkpointing=True, num_checkpoints=9)
+    assert any("partition_activations=True has no effect" in m for m in said), said
+    assert any("contiguous_memory_optimization=True has no effect" in m for m in said), said
+    checkpointing.reset()
 
 
 def test_deepspeed_names(tmp_path):

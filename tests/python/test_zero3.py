@@ -509,3 +509,69 @@ def test_single_process_prediction_equals_the_runtime_accounting(tmp_path):
     for row in r["rows"]:
         assert row["predicted"] == row["accounted"], row
     assert r["loss"][-1] < r["loss"][0], r["loss"]
+
+
+# ----- empty_partition_cache (scripts call it after training, before offloading or deleting) -----
+
+def empty_cache_worker(where, persistence=0):
+    """Trains 4 steps; at step 2, `where` says what runs around one empty_partition_cache():
+    "none" (no call), "lone" (after a forward no backward follows, then the call), "pending"
+    (between a forward and its own backward), "held" (inside a GatheredParameters block, after a
+    lone forward), "hook" (from a module's forward hook: an error). Records the elements whole
+    (gathered, or persistent: below the threshold) before and after the call."""
+    import zeroshard
+    from zeroshard.zero import GatheredParameters
+    rank = int(os.environ["RANK"])
+    cfg = _config(stage3_max_reuse_distance=10 ** 9, stage3_prefetch_bucket_size=10 ** 6,
+                  stage3_param_persistence_threshold=persistence)
+    model = tiny_gpt()
+    out = {"persistent": sum(p.numel() for p in model.parameters() if p.numel() < persistence),
+           "held": sum(p.numel() for p in model.blocks[0].parameters() if p.numel() >= persistence),
+           "error": None}
+    engine, *_ = zeroshard.initialize(model=model, config=cfg)
+    whole = lambda: sum(p.numel() for p in model.parameters())  # noqa: E731 - released ones hold 0
+    for step in range(4):
+        x = global_batch("gpt", step, 4)[2 * rank:2 * rank + 2]
+        loss = None
+        if step == 2 and where in ("lone", "held", "pending"):
+            out["forward"] = engine(x)  # "pending": its backward follows below
+            out["before"] = whole()
+            with GatheredParameters(list(model.blocks[0].parameters()), enabled=where == "held"):
+                engine.empty_partition_cache()
+                out["after"] = whole()
+            loss = out.pop("forward") if where == "pending" else None
+        if step == 2 and where == "hook":
+            handle = model.blocks[0].register_forward_hook(lambda *_: engine.empty_partition_cache())
+            try:
+                engine(x)
+            except RuntimeError as error:
+                out["error"] = str(error)
+            handle.remove()
+        loss = engine(x) if loss is None else loss
+        engine.backward(loss)
+        engine.step()
+    out.pop("forward", None)
+    out["invalidations"] = engine._core.coordinator.trace_invalidations
+    out["masters"] = [engine._core.master(i).tolist() for i in range(len(engine.optimizer.param_groups))]
+    return out
+
+
+@pytest.mark.parametrize("persistence", [0, 64])
+def test_empty_partition_cache_releases_what_nothing_holds(persistence):
+    runs = {w: run_distributed(empty_cache_worker, 2, w, persistence)[0]
+            for w in ("none", "lone", "pending", "held")}
+    plain, lone, pending, held = runs["none"], runs["lone"], runs["pending"], runs["held"]
+    keep = lone["persistent"]
+    assert (keep > 0) == (persistence > 0)
+    assert lone["before"] > keep, lone            # parameters kept for reuse after the lone forward
+    assert lone["after"] == keep, lone            # all released but the persistent ones
+    assert held["after"] == keep + held["held"], held  # and what the block holds
+    assert pending["before"] > keep and pending["after"] == keep, pending
+    # The same training whatever was released, and the fetch-order trace untouched by the call.
+    assert plain["masters"] == lone["masters"] == pending["masters"] == held["masters"]
+    assert pending["invalidations"] == plain["invalidations"], (pending, plain)
+
+
+def test_empty_partition_cache_inside_a_forward_is_an_error():
+    r = run_distributed(empty_cache_worker, 2, "hook")[0]
+    assert "empty_partition_cache: called while a forward" in r["error"], r

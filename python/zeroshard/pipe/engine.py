@@ -8,6 +8,7 @@ import torch
 
 from zeroshard import _C
 from zeroshard.comm import new_comm
+from zeroshard.dataloader import RepeatingLoader
 from zeroshard.engine import ZeroShardEngine
 from zeroshard.log import log_rank0, note_rank0
 from zeroshard.pipe import PipelineError
@@ -20,6 +21,10 @@ _TRAIN_ONLY = ("Only train_batch() and eval_batch() are accessible in pipeline m
 
 
 class PipelineEngine(ZeroShardEngine):
+    # initialize(training_data=...) is read in order, each data-parallel rank its part, as
+    # DeepSpeed's PipelineEngine reads it (a DistributedSampler without shuffling).
+    _shuffles_training_data = False
+
     def __init__(self, model=None, **kwargs):
         # Read by the overrides below, which run inside ZeroShardEngine.__init__ (a plain
         # attribute: the module itself cannot be set before nn.Module's own __init__).
@@ -39,14 +44,19 @@ class PipelineEngine(ZeroShardEngine):
             subgroups = [self._comm, self._pipe_comm] + [c for _, _, c in self.module.tied_groups() if c is not None]
             for comm in subgroups:
                 comm.follow_aborts_of(self._world_comm)
+        # DeepSpeed's: the last stage's loss summed over the last train_batch's micro-batches (None
+        # elsewhere; eval_batch leaves it alone, where DeepSpeed's adds its losses to it), and the
+        # mean loss train_batch returned.
+        self.total_loss = None
+        self.agg_train_loss = None
         # (op, micro-batch, chunk, start, end) per instruction of each train_batch, on the
         # monotonic clock every process shares, when a benchmark sets it to a list.
         self._timeline = None
         self._batch_fn = None
         self.has_attention_mask = False
         self.data_iterator = None
-        if self.training_dataloader is not None:
-            self.data_iterator = _repeat(self.training_dataloader)
+        if self.training_dataloader is not None and self._needs_data():
+            self.data_iterator = RepeatingLoader(self.training_dataloader)
         report = self._schedule_report
         peaks = report["peak_activations"]
         log_rank0(f"pipeline: {self.module.num_stages} stages x {self.dp_world_size} data-parallel, "
@@ -154,6 +164,18 @@ class PipelineEngine(ZeroShardEngine):
         return self._grid
 
     @property
+    def mpu(self):
+        return self._grid
+
+    @property
+    def is_pipe_parallel(self):
+        return self.module.num_stages > 1
+
+    @property
+    def is_data_parallel(self):
+        return self.dp_world_size > 1
+
+    @property
     def micro_batches(self):
         return self._gas
 
@@ -164,7 +186,7 @@ class PipelineEngine(ZeroShardEngine):
         """DeepSpeed's: train from this loader (restarted when it ends) from the next train_batch."""
         if self._needs_data():
             self.training_dataloader = loader
-            self.data_iterator = _repeat(loader)
+            self.data_iterator = RepeatingLoader(loader)
 
     def set_batch_fn(self, fn):
         """DeepSpeed's (Megatron-DeepSpeed passes its batch function): every item the data
@@ -183,6 +205,12 @@ class PipelineEngine(ZeroShardEngine):
         """DeepSpeed's: the tensors crossing stage boundaries may change shape from the next
         train_batch or eval_batch (every rank calls it), agreed again at its first micro-batch."""
         self._links.forget_layouts()
+
+    def get_additional_losses(self):
+        """DeepSpeed's (Megatron-DeepSpeed reads it every step): the module's additional losses
+        (MoE's) averaged over the last train_batch. A PipelineModule whose get_additional_losses
+        returns any is refused at its first micro-batch (_loss_of), so this is None."""
+        return None
 
     def schedule_report(self):
         """The checker's report of this run's schedule (unit costs): peak activations per stage
@@ -219,6 +247,10 @@ class PipelineEngine(ZeroShardEngine):
             loss = outputs  # the last layer computes the loss itself
         else:
             loss = self.module.loss_fn(outputs, labels)
+        if self.module.get_additional_losses():  # None or {}: none (DeepSpeed reads {} as none too)
+            raise PipelineError(f"pipeline: micro-batch {mb}: the PipelineModule's get_additional_losses() "
+                                "returned losses (DeepSpeed averages MoE's and reports them beside the loss); "
+                                "zeroshard's pipeline does not: return None, and log them from the module")
         if not (torch.is_tensor(loss) and loss.numel() == 1):
             raise ValueError(f"pipeline: the loss of micro-batch {mb} is "
                              f"{type(loss).__name__}{list(loss.shape) if torch.is_tensor(loss) else ''}; "
@@ -278,8 +310,10 @@ class PipelineEngine(ZeroShardEngine):
         self._observer.pipeline_step_begin()
         run = TrainStep(self, self.data_iterator if self._needs_data() else None)
         run.run(self._instructions)
+        self.total_loss = torch.stack(run.losses).sum() if run.losses else None
         with self._named_by_world("loss all-reduce and optimizer step"):
             loss = self._share_loss(run.losses)
+            self.agg_train_loss = loss
             self._observer.pipeline_loss(loss)
             self._step_after_schedule()
         return loss
@@ -326,14 +360,3 @@ def _to(part, device):
     if isinstance(part, (tuple, list)):
         return tuple(_to(p, device) for p in part)
     return part.to(device) if torch.is_tensor(part) else part
-
-
-def _repeat(loader):
-    """DeepSpeed's RepeatingLoader: starts the loader again when an epoch ends."""
-    while True:
-        yielded = False
-        for batch in loader:
-            yielded = True
-            yield batch
-        if not yielded:
-            raise ValueError("training_data: the dataloader yields no batch")

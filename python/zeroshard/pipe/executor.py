@@ -91,7 +91,15 @@ class TrainStep:
             if stage == 0:
                 x = self._take(mb, 0)
             else:
-                x = self.inputs[(mb, chunk)]
+                # A copy of each received tensor that takes a gradient, as DeepSpeed's engine
+                # makes: the received ones are autograd leaves, which a stage's first layer may
+                # not change in place (AlexNet's ReLU(inplace=True) opens a stage). The received
+                # tensor's memory is freed once copied, so the stage holds one copy, not two.
+                received = self.inputs[(mb, chunk)]
+                x = tuple(t.clone() if t.requires_grad else t for t in received)
+                for t in received:
+                    if t.requires_grad:  # from here on only its shape and .grad are read
+                        t.untyped_storage().resize_(0)
                 x = x[0] if len(x) == 1 else x
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:

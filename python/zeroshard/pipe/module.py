@@ -178,6 +178,45 @@ class PipelineModule(torch.nn.Module):
     def num_pipeline_stages(self):
         return self.num_stages
 
+    def get_additional_losses(self):
+        """DeepSpeed's hook for losses reported beside the loss (Megatron-DeepSpeed's MoE); none
+        here. The engine refuses a module whose override returns any."""
+        return None
+
+    # ----- DeepSpeed's layout accessors (one model chunk per rank: with virtual_stages > 1 a
+    # rank's layers are not one range) -----
+    def partitions(self):
+        return self.parts
+
+    def stage_owner(self, layer_idx):
+        """The pipeline rank that builds and runs layer `layer_idx`."""
+        if not 0 <= layer_idx < len(self._layer_specs):
+            raise ValueError(f"stage_owner: layer {layer_idx}, the module has layers 0-{len(self._layer_specs) - 1}")
+        stage = next(s for s in range(self.num_global_stages) if self.parts[s] <= layer_idx < self.parts[s + 1])
+        return stage % self.num_stages
+
+    def _one_chunk(self, name):
+        if self.virtual_stages > 1:
+            # Not AttributeError: nn.Module would answer that with its own message (so hasattr()
+            # raises too: these names are DeepSpeed's, whose modules have one chunk per rank).
+            raise ValueError(f"PipelineModule.{name}: this rank holds {self.virtual_stages} model chunks "
+                             "(virtual_stages), not one range of layers; see parts and global_stage(chunk)")
+        return self.global_stage(0)
+
+    @property
+    def _local_start(self):
+        return self.parts[self._one_chunk("_local_start")]
+
+    @property
+    def _local_stop(self):
+        return self.parts[self._one_chunk("_local_stop") + 1]
+
+    @property
+    def forward_funcs(self):
+        """What this stage's forward calls, in order (DeepSpeed's list)."""
+        self._one_chunk("forward_funcs")
+        return list(self._chunk_funcs[0])
+
     @property
     def layer_specs(self):
         """The layers as given (modules, LayerSpecs), in order; parts[s] indexes them."""

@@ -2,9 +2,12 @@
 only a shard of it on each rank: its fp32 master values, its gradient and its optimizer state.
 A getter assembles the tensor from every rank's shard (one all-reduce of the parameter's size
 where the state is sharded); a setter broadcasts rank 0's value and each rank keeps its part. So
-every rank must call them, in the same order."""
+every rank must call them, in the same order. Also the few general helpers DeepSpeed scripts
+import from deepspeed.utils and deepspeed.runtime.utils: RepeatingLoader (zeroshard.dataloader's),
+set_random_seed and see_memory_usage."""
 import torch
 
+from zeroshard.dataloader import RepeatingLoader  # deepspeed.utils.RepeatingLoader
 from zeroshard.log import logger  # deepspeed.utils.logger, whose level Hugging Face's Trainer sets
 from zeroshard.zero.partition_init import partitioned_before_engine
 
@@ -84,5 +87,40 @@ def set_z3_leaf_modules(model, leaf_module_classes):
         "transformer_moe_cls_names / ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES)")
 
 
-__all__ = ["logger", "set_z3_leaf_modules", "safe_get_full_fp32_param", "safe_get_full_grad",
-           "safe_get_full_optimizer_state", "safe_set_full_fp32_param", "safe_set_full_optimizer_state"]
+def see_memory_usage(message, force=False):
+    """DeepSpeed's deepspeed.runtime.utils.see_memory_usage (Megatron-DeepSpeed calls it): with
+    force, rank 0 logs the message, the memory the accelerator counts now and at its peak (CUDA:
+    torch's allocated bytes; CPU: this process's resident bytes) and the host's used memory, then
+    starts the peak again. Without force it does nothing, as DeepSpeed's."""
+    import gc
+
+    import torch.distributed as dist
+
+    from zeroshard.accelerator import get_accelerator
+    from zeroshard.launcher.check_agent import memory as host_memory
+    if not force or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    gc.collect()
+    acc, gib = get_accelerator(), 1024 ** 3
+    host = host_memory()
+    used = host["mem_total_bytes"] - host["mem_available_bytes"]
+    logger.info(f"{message}\nMA {acc.memory_allocated() / gib:.2f} GB Max_MA {acc.max_memory_allocated() / gib:.2f} GB"
+                f"\nCPU Virtual Memory: used = {used / gib:.2f} GB, "
+                f"percent = {100 * used / max(host['mem_total_bytes'], 1):.1f}%")
+    acc.reset_peak_memory_stats()
+
+
+def set_random_seed(seed):
+    """DeepSpeed's deepspeed.runtime.utils.set_random_seed: seeds Python's, NumPy's and torch's
+    generators with `seed`."""
+    import random
+
+    import numpy
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+__all__ = ["logger", "RepeatingLoader", "see_memory_usage", "set_random_seed", "set_z3_leaf_modules",
+           "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
+           "safe_set_full_fp32_param", "safe_set_full_optimizer_state"]

@@ -133,6 +133,17 @@ def forget_running(core):
     _RUNNING[:] = [h for h in _RUNNING if h.core is not core]
 
 
+def empty_partition_cache(core):
+    """engine.empty_partition_cache() at stage 3: releases every gathered parameter that nothing
+    references (prefetched, or kept for reuse after a forward; a GatheredParameters block's stay,
+    and persistent ones, which the gatherer keeps whole). The fetch-order trace is left alone, so
+    a backward still pending gathers again what it needs and prefetching goes on."""
+    if any(h.core is core for h in _RUNNING):
+        raise RuntimeError("empty_partition_cache: called while a forward of the engine's model runs "
+                           "(from a module hook?); its parameters are in use. Call it between steps")
+    core.gatherer.release_unreferenced()
+
+
 class _PreBackward(torch.autograd.Function):
     """Identity on a module's outputs whose backward gathers the module's parameters, so they are
     whole again before the module's own backward runs (autograd reaches this node first)."""

@@ -1,5 +1,6 @@
-"""deepspeed.runtime: DeepSpeed's engine, ZeRO, pipeline, activation checkpointing and lr-schedule
-modules, each zeroshard's own."""
+"""deepspeed.runtime: DeepSpeed's engine, ZeRO, pipeline, activation checkpointing, lr-schedule,
+dataloader and utils modules, each zeroshard's own (utils: the names scripts import from it)."""
 from deepspeed._lazy import submodule_getattr
 
-__getattr__ = submodule_getattr(__name__, ("activation_checkpointing", "engine", "lr_schedules", "pipe", "zero"))
+__getattr__ = submodule_getattr(__name__, ("activation_checkpointing", "dataloader", "engine", "lr_schedules",
+                                           "pipe", "utils", "zero"))
