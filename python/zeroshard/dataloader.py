@@ -36,8 +36,12 @@ class RepeatingLoader:
             try:
                 batch = next(self.data_iter)
             except StopIteration:
-                why = ("cannot be started again (an iterator, not a loader): pass the DataLoader or list "
-                       "itself" if started_again else "yields no batch")
+                if not started_again:
+                    why = "yields no batch"
+                elif iter(self.loader) is self.loader:
+                    why = "cannot be started again (an iterator, not a loader): pass the DataLoader or list itself"
+                else:
+                    why = "yielded nothing when started again (a source that can be read once?)"
                 raise ValueError(f"RepeatingLoader: the {type(self.loader).__name__} it repeats {why}") from None
         self._yielded = True
         return batch

@@ -91,7 +91,8 @@ class ZeroShardEngine(torch.nn.Module):
         _C.require_buildable(self._config)  # before the model is touched
         if s["cpu_checkpointing"]:  # zeroshard.checkpointing.checkpoint keeps its inputs on the host
             from zeroshard import checkpointing
-            checkpointing.configure(None, deepspeed_config=self.config)
+            # Only that setting: the config reader has said what the block's other keys do.
+            checkpointing.configure(None, checkpoint_in_cpu=True)
 
         self.device = comm_device()
         self.module = model.to(self.device)
@@ -536,13 +537,15 @@ class ZeroShardEngine(torch.nn.Module):
 
     def empty_partition_cache(self):
         """DeepSpeed's: at stage 3 releases the gathered parameters nothing holds (zero/hooks.py),
-        then collects garbage and empties the device's cache. Below stage 3 nothing is gathered.
-        Departure: persistent parameters stay whole (DeepSpeed releases them too)."""
+        then collects garbage and empties the device's cache; every rank calls it at the same
+        point (the next gathers are collectives). Below stage 3 nothing is gathered: it does
+        nothing, as DeepSpeed's. Departure: persistent parameters stay whole (DeepSpeed releases
+        them too)."""
         self._refuse_if_destroyed()
         if self._core.strategy.partitions_params:
             zero_hooks.empty_partition_cache(self._core)
-        gc.collect()
-        get_accelerator().empty_cache()
+            gc.collect()
+            get_accelerator().empty_cache()
 
     def memory_bytes(self):
         """Model-state bytes held by this rank, by category, from the runtime's own accounting."""

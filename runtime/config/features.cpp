@@ -99,13 +99,11 @@ void read_activation_checkpointing(Block& top, Config& c) {
   if (partition)
     top.ctx().warn_ignored(a.path_of("partition_activations"), true,
                            "one tensor-parallel rank, so each activation stays whole");
-  if (a.get_bool("contiguous_memory_optimization", false)) {
-    if (!partition)
-      a.fail("contiguous_memory_optimization",
-             "got true with partition_activations false; it needs partition_activations: true, as in DeepSpeed");
+  // DeepSpeed's config reader takes contiguous buffers without partitioning (only its
+  // checkpointing.configure asserts the pair, as zeroshard's does).
+  if (a.get_bool("contiguous_memory_optimization", false))
     top.ctx().warn_ignored(a.path_of("contiguous_memory_optimization"), true,
                            "zeroshard keeps no preallocated activation buffers");
-  }
   // zeroshard.checkpointing keeps checkpointed inputs in host memory with it (engine or configure()).
   ac.cpu_checkpointing = a.get_bool("cpu_checkpointing", ac.cpu_checkpointing);
   ac.number_checkpoints = a.get_opt_int("number_checkpoints", 0);

@@ -440,3 +440,15 @@ def test_repeating_loader_says_why_it_cannot_repeat():
         next(once)
     with pytest.raises(ValueError, match="list it repeats yields no batch"):
         next(RepeatingLoader([]))
+
+    class ReadOnce(torch.utils.data.IterableDataset):  # a stream: its second epoch is empty
+        def __init__(self):
+            self.left = [1, 2]
+
+        def __iter__(self):
+            while self.left:
+                yield self.left.pop(0)
+    once = RepeatingLoader(torch.utils.data.DataLoader(ReadOnce(), batch_size=None))
+    assert [next(once), next(once)] == [1, 2]
+    with pytest.raises(ValueError, match="DataLoader it repeats yielded nothing when started again"):
+        next(once)

@@ -98,7 +98,9 @@ class TrainStep:
                 received = self.inputs[(mb, chunk)]
                 x = tuple(t.clone() if t.requires_grad else t for t in received)
                 for t in received:
-                    if t.requires_grad:  # from here on only its shape and .grad are read
+                    # From here on only its shape and .grad are read. StageLinks gives each
+                    # received tensor a storage of its own; one shared (a view) is left alone.
+                    if t.requires_grad and t._base is None and t.untyped_storage().nbytes() == t.nbytes:
                         t.untyped_storage().resize_(0)
                 x = x[0] if len(x) == 1 else x
             out = self.module(x, chunk=chunk)

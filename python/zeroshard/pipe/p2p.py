@@ -136,6 +136,8 @@ class StageLinks:
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
         tensors, works = [], []
         for i, (dtype, shape) in enumerate(layout):
+            # A storage of its own per tensor: TrainStep.forward frees a received activation's
+            # once it has copied it.
             t = torch.empty(shape, dtype=dtype, device=self._device)
             works.append(self._comm.irecv(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"))
             tensors.append(t)

@@ -137,7 +137,9 @@ def empty_partition_cache(core):
     """engine.empty_partition_cache() at stage 3: releases every gathered parameter that nothing
     references (prefetched, or kept for reuse after a forward; a GatheredParameters block's stay,
     and persistent ones, which the gatherer keeps whole). The fetch-order trace is left alone, so
-    a backward still pending gathers again what it needs and prefetching goes on."""
+    a backward still pending gathers again what it needs and prefetching goes on. Every rank
+    calls it at the same point: the gathers that follow are collectives, which a rank that kept
+    its parameters would not join."""
     if any(h.core is core for h in _RUNNING):
         raise RuntimeError("empty_partition_cache: called while a forward of the engine's model runs "
                            "(from a module hook?); its parameters are in use. Call it between steps")
