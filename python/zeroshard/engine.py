@@ -113,7 +113,6 @@ class ZeroShardEngine(torch.nn.Module):
 
         self._boundary_override = None
         self._in_no_sync = False
-        self._last = None  # the last StepResult
         self._observer = Observer(self)
         log_rank0(f"ZeRO stage {self._core.strategy.stage}, {s['precision']}, world {self.world_size}, "
                   f"batch {tbs} = micro {micro} x gas {gas} x dp {self.dp_world_size}, "
@@ -407,11 +406,16 @@ class ZeroShardEngine(torch.nn.Module):
         self._observer.step_begin()
         if boundary:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self._last = self._core.step(groups, self._train_batch_size)
+            self.optimizer.last_step = self._core.step(groups, self._train_batch_size)
             self._after_core_step(lr_kwargs)
         self._observer.step_end(boundary)
         self._core.state.count_micro_step()
         self._boundary_override = None
+
+    @property
+    def _last(self):
+        """The last step's StepResult, which the optimizer holds (its overflow reads it)."""
+        return self.optimizer.last_step
 
     def _after_core_step(self, lr_kwargs=None):
         """What follows the C++ step in every engine: gradients dropped as DeepSpeed drops them,

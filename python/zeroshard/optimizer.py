@@ -81,6 +81,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.defaults = {k: v for k, v in param_groups[0].items() if k != "params"}
         self.state = {}
         self._opt_called = False
+        self.last_step = None  # the engine's last StepResult (applied, grad_norm, loss_scale)
+
+    @property
+    def overflow(self) -> bool:
+        """DeepSpeed's fp16 and ZeRO optimizers' flag, which Megatron and GPT-NeoX read every step:
+        whether the last step was skipped for an fp16 gradient overflow."""
+        return self.last_step is not None and not self.last_step.applied
 
     @property
     def loss_scale(self) -> float:

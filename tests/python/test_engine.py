@@ -324,6 +324,7 @@ def fp16_worker():
     engine, opt, *_ = zeroshard.initialize(model=model, config=cfg)
     before = [p.detach().clone() for p in model.parameters()]
     scales, applied = [], []
+    assert opt.overflow is False  # DeepSpeed's optimizers start with it False
     for step in range(30):
         batch = global_batch("gpt", step, 4)
         rank = int(os.environ["RANK"])
@@ -332,6 +333,7 @@ def fp16_worker():
         engine.step()
         scales.append(engine.get_loss_scale())
         applied.append(engine.was_step_applied())
+        assert opt.overflow is (not applied[-1])  # GPT-NeoX and Megatron read it every step
         if step == 0:
             # A skipped step leaves every parameter exactly as it was.
             assert not applied[0]

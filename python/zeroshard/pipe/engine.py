@@ -326,7 +326,7 @@ class PipelineEngine(ZeroShardEngine):
                     duplicate += float(w.grad.double().pow(2).sum())
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self._observer.step_begin()
-        self._last = self._core.step(groups, self._train_batch_size, duplicate)
+        self.optimizer.last_step = self._core.step(groups, self._train_batch_size, duplicate)
         self._after_core_step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()

@@ -92,6 +92,14 @@ SCRIPT_USES = [
     "get_cuda_rng_tracker, model_parallel_cuda_manual_seed, CudaRNGStatesTracker, _set_cuda_rng_state)",
     "import deepspeed; t = deepspeed.checkpointing.get_cuda_rng_tracker(); "
     "assert t is deepspeed.runtime.activation_checkpointing.checkpointing.get_cuda_rng_tracker()",
+    # GPT-NeoX's module-level imports (megatron/utils.py, training.py, neox_arguments/arguments.py).
+    "from deepspeed.launcher.runner import fetch_hostfile, parse_inclusion_exclusion, DLTS_HOSTFILE; "
+    "assert DLTS_HOSTFILE == '/job/hostfile' and fetch_hostfile('/nonexistent/hostfile') is None; "
+    "assert parse_inclusion_exclusion({'a': 2, 'b': 2}, 'a:1@b', '') == {'a': [1], 'b': [0, 1]}; "
+    "assert parse_inclusion_exclusion({'a': 2, 'b': 2}, '', 'b:0') == {'a': [0, 1], 'b': [1]}",
+    "from deepspeed.runtime.bf16_optimizer import BF16_Optimizer; import torch; "
+    "assert not isinstance(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), BF16_Optimizer)",
+    "from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler",
 ]
 
 # (statement, its entry in deepspeed/_unsupported.py, the exception it must raise)
@@ -108,6 +116,10 @@ REFUSED = [
     ("from deepspeed.runtime.pipe import schedule", "deepspeed.runtime.pipe.schedule", "ImportError"),
     ("from deepspeed.runtime.pipe.schedule import TrainSchedule", "deepspeed.runtime.pipe.schedule", "ImportError"),
     ("import deepspeed; deepspeed.runtime.pipe.schedule", "deepspeed.runtime.pipe.schedule", "AttributeError"),
+    ("from deepspeed.runtime.bf16_optimizer import BF16_Optimizer; BF16_Optimizer(None)",
+     "deepspeed.runtime.bf16_optimizer.BF16_Optimizer", "NotImplementedError"),
+    ("from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler; CurriculumScheduler({})",
+     "deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler", "NotImplementedError"),
 ]
 
 # Reached as attributes after a bare `import deepspeed`, as accelerate does with

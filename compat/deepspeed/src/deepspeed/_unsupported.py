@@ -26,6 +26,13 @@ UNSUPPORTED = {
         "pick a built-in schedule with the config's pipeline.schedule (\"gpipe\", \"1f1b\", "
         "\"interleaved_1f1b\", \"zero_bubble\") and run it with engine.train_batch() / eval_batch(), "
         "or use DeepSpeed itself"),
+    "deepspeed.runtime.bf16_optimizer.BF16_Optimizer": (
+        "DeepSpeed's bf16 optimizer wrapper: under bf16, zeroshard's engine keeps the fp32 master "
+        "weights in its own optimizer (engine.optimizer, with DeepSpeed's overflow and loss_scale)",
+        "let initialize() build the optimizer from the config's bf16 block"),
+    "deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler": (
+        "curriculum learning (data efficiency's curriculum scheduler)",
+        "train without curriculum_learning, or use DeepSpeed itself"),
     "deepspeed.tp_model_init": (
         "tensor parallelism: AutoTP, tensor_parallel.autotp_size > 1",
         "remove tensor_parallel from the config (autotp_size 1), or use DeepSpeed itself"),
