@@ -198,6 +198,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             self.core.end_entries(False)  # nothing more is held in host memory for the load
             raise
         self.core.after_load()
+        self.last_step = None  # no step of this run's yet describes the loaded state
 
     def __repr__(self):
         return f"ZeroShardOptimizer(stage={self.core.strategy.stage}, groups={len(self.param_groups)})"

@@ -338,6 +338,8 @@ def fp16_worker():
             # A skipped step leaves every parameter exactly as it was.
             assert not applied[0]
             assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            opt.load_state_dict(opt.state_dict())  # a load: no step of this run describes it yet
+            assert opt.overflow is False and not engine.was_step_applied()
     assert scales[0] == 2.0 ** 39, scales[:3]                     # halved after the first overflow
     assert engine.skipped_steps == applied.count(False) > 0
     assert applied[-1] and scales[-1] < 2.0 ** 40

@@ -45,11 +45,17 @@ def _warn(text: str) -> None:
     print(f"zeroshard: warning: {text}", file=sys.stderr, flush=True)
 
 
+def fetch_hostfile(path: str) -> dict[str, int] | None:
+    """{host: slots} from the hostfile at `path`, or None when there is no such file (DeepSpeed's
+    runner function of this name, which GPT-NeoX imports)."""
+    return parse_hostfile(path) if os.path.isfile(path) else None
+
+
 def resource_pool(args: argparse.Namespace) -> tuple[dict[str, list[int]], bool]:
     """({host: [slots]}, from_hostfile)."""
     path = args.hostfile or DEFAULT_HOSTFILE
-    if os.path.isfile(path):
-        pool = parse_hostfile(path)
+    pool = fetch_hostfile(path)
+    if pool is not None:
         return {h: list(range(n)) for h, n in pool.items()}, True
     if args.hostfile is not None:
         raise LaunchError(f"hostfile {path} not found")

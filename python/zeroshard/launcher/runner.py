@@ -23,30 +23,23 @@ if not __package__:  # run by path: load this folder as a package, skipping zero
 from . import backends
 from .backends import Job
 from .envfile import ENV_FILE_NAMES, EnvFileError, collect_exports
-from .hostfile import HostfileError, parse_hostfile, select_resources
-# The host flags and helpers `zeroshard check` shares (hosts.py), here under their old names too.
+from .hostfile import HostfileError, select_resources
+# The host flags and helpers `zeroshard check` shares (hosts.py), here under their old names too
+# (fetch_hostfile and DLTS_HOSTFILE under DeepSpeed's runner's, which GPT-NeoX imports).
 from .hosts import (DEFAULT_HOSTFILE, DEFAULT_PORT, LaunchError, add_host_arguments,  # noqa: F401
-                    glue_launcher_args, rendezvous_port, resource_pool)
+                    fetch_hostfile, glue_launcher_args, rendezvous_port, resource_pool)
 from .nodes import NodeProcess, run_nodes
 
 # DeepSpeed's name for the per-user exports file (accelerate's launcher writes to it).
 DEEPSPEED_ENVIRONMENT_NAME = ENV_FILE_NAMES[0]
-DLTS_HOSTFILE = DEFAULT_HOSTFILE  # DeepSpeed's name for it (GPT-NeoX imports it)
-
-
-# DeepSpeed's runner helpers that GPT-NeoX imports to lay out its own launch.
-def fetch_hostfile(hostfile_path):
-    """{host: slots} from a hostfile, or None (saying so on stderr) when there is no such file."""
-    if not os.path.isfile(hostfile_path):
-        print(f"zeroshard: no hostfile at {hostfile_path}; local resources only", file=sys.stderr)
-        return None
-    return parse_hostfile(hostfile_path)
+DLTS_HOSTFILE = DEFAULT_HOSTFILE
+LAUNCHERS = ("ssh", "pdsh", "openmpi", "slurm")
 
 
 def parse_inclusion_exclusion(resource_pool, inclusion, exclusion):
-    """{host: [slots]} of `resource_pool` ({host: slots}) after DeepSpeed's --include / --exclude."""
+    """DeepSpeed's (GPT-NeoX imports it): {host: [slots]} of `resource_pool` ({host: slots})
+    after --include / --exclude."""
     return select_resources(resource_pool, include=inclusion, exclude=exclusion)
-LAUNCHERS = ("ssh", "pdsh", "openmpi", "slurm")
 
 
 def build_parser() -> argparse.ArgumentParser:
