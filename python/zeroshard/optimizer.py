@@ -197,8 +197,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.core.end_entries(False)  # nothing more is held in host memory for the load
             raise
+        self.after_load()
+
+    def after_load(self):
+        """After a load wrote new state (load_state_dict, load_checkpoint): the runtime's part (a
+        collective at stage 3), and no step of this run's describes the loaded state yet."""
         self.core.after_load()
-        self.last_step = None  # no step of this run's yet describes the loaded state
+        self.last_step = None
 
     def __repr__(self):
         return f"ZeroShardOptimizer(stage={self.core.strategy.stage}, groups={len(self.param_groups)})"

@@ -220,8 +220,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         error = e
         run.core.end_entries(False)  # NVMe optimizer state stays as it is on disk
     raise_if_failed(run, error, f"load_checkpoint: reading {path}", consequence=_PARTIAL)
-    run.core.after_load()  # a collective at stage 3: only once every rank has read
-    engine.optimizer.last_step = None  # no step of this run's yet describes the loaded state
+    engine.optimizer.after_load()  # a collective at stage 3: only once every rank has read
     saved_stages, my_stages = _num_stages(source.section("pipeline")), _num_stages(run.placement.pipeline)
     if (layout["world_size"], layout["zero_stage"], layout["dtype"], saved_stages) != \
             (run.world, run.stage, run.dtype_name, my_stages):

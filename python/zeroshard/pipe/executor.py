@@ -15,6 +15,16 @@ def _floating(tensors):
     return [t for t in tensors if t.is_floating_point()]
 
 
+def _copy_and_free(received):
+    """A copy of a received tensor, whose own storage is then freed: from here on only its shape
+    and .grad are read. StageLinks gives each received tensor a storage of its own; one shared
+    (a view) is left alone."""
+    copy = received.clone()
+    if received._base is None and received.untyped_storage().nbytes() == received.nbytes:
+        received.untyped_storage().resize_(0)
+    return copy
+
+
 class TrainStep:
     def __init__(self, engine, data_iter):
         self.engine = engine
@@ -95,13 +105,7 @@ class TrainStep:
                 # makes: the received ones are autograd leaves, which a stage's first layer may
                 # not change in place (AlexNet's ReLU(inplace=True) opens a stage). The received
                 # tensor's memory is freed once copied, so the stage holds one copy, not two.
-                received = self.inputs[(mb, chunk)]
-                x = tuple(t.clone() if t.requires_grad else t for t in received)
-                for t in received:
-                    # From here on only its shape and .grad are read. StageLinks gives each
-                    # received tensor a storage of its own; one shared (a view) is left alone.
-                    if t.requires_grad and t._base is None and t.untyped_storage().nbytes() == t.nbytes:
-                        t.untyped_storage().resize_(0)
+                x = tuple(_copy_and_free(t) if t.requires_grad else t for t in self.inputs[(mb, chunk)])
                 x = x[0] if len(x) == 1 else x
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:

@@ -321,8 +321,7 @@ class PipelineModule(torch.nn.Module):
         owners = {}
         for idx, spec in enumerate(self._layer_specs):
             if isinstance(spec, TiedLayerSpec):
-                stage = next(s for s in range(self.num_global_stages) if self.parts[s] <= idx < self.parts[s + 1])
-                owners.setdefault(spec.key, set()).add(stage % self.num_stages)
+                owners.setdefault(spec.key, set()).add(self.stage_owner(idx))
         tied = {}
         for key, ranks_set in owners.items():
             stages = sorted(ranks_set)
