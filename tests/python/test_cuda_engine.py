@@ -76,3 +76,15 @@ def test_cuda_checkpoint_exact_resume(stage, precision, tmp_path):
     assert first[0] + second[0] == full[0]
     for a, b in zip(second[1], full[1]):
         assert (a == b).all()
+
+
+def test_cuda_one_stage_pipeline_parity():
+    """The pipeline engine on a GPU with NCCL (a world of one, so one stage): gpipe, 1f1b and zero
+    bubble with ZeRO 0/1, clipping, activation checkpointing and eval_batch, against
+    torch.optim.AdamW on the same GPU (test_pipe_parity.py's run; its CPU twin runs there)."""
+    from test_pipe_parity import _cases, _check
+    results = run_distributed(_cases, 1, 1, True, timeout=240)[0]
+    assert sorted(results) == ["1f1b", "gpipe", "zero_bubble"]
+    for schedule, r in results.items():
+        assert r["device"].startswith("cuda"), f"{schedule} ran on {r['device']}"
+        _check(f"cuda {schedule}", r)
