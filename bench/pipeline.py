@@ -1,6 +1,6 @@
 """Pipeline schedules side by side: zeroshard's gpipe, 1f1b, interleaved_1f1b and zero_bubble against
 torch.distributed.pipelining's matching schedules and DeepSpeed's PipelineEngine (1F1B), on one GPT
-split into 2 stages, one process and one thread per stage (2 cores), Gloo on loopback, fp32.
+split into --stages stages (2 by default), one process and one thread per stage, Gloo on loopback, fp32.
 
 Verified before timed: each layer is built from its own seed, so all three start from the same
 weights, and each run's first step (the warm-up, never timed) must give a one-process reference's
@@ -15,9 +15,10 @@ rank-averaged measured costs with free transfers; "+imbalance", the same lists r
 (rank, chunk)'s own costs; "+runtime", the measured bubble (median over a run's steps) beyond that
 (transfers, Python); "-theory", measured minus theory. theory, list and measured are medians over
 rounds, +imbalance and +runtime differences of those medians. Deeper pipelines cannot be timed on
-2 cores: for 4 and 8 stages it prints the lists' simulated bubble.
+2 cores: for deeper ones (4 and 8 stages) it prints the lists' simulated bubble; where there are a
+core per stage and more, --stages 4 times them.
 
-    python bench/pipeline.py [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
+    python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
                              [--no-peers] [--deepspeed-venv /tmp/ds-venv]
 """
 import argparse
@@ -114,10 +115,10 @@ def config(m, schedule="1f1b", virtual=1):
 
 
 # ----- the three frameworks, one rank each (run by spawn) -----
-def zeroshard_rank(m, steps, schedule, v):
+def zeroshard_rank(p, m, steps, schedule, v):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule
-    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=2, loss_fn=loss_fn,
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=p, loss_fn=loss_fn,
                          partition_method="type:Block", virtual_stages=v)
     engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
                                            model_parameters=list(net.parameters()))
@@ -135,20 +136,20 @@ def zeroshard_rank(m, steps, schedule, v):
     return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "timelines": timelines[1:]}
 
 
-def torch_rank(m, steps, schedule, v):
+def torch_rank(p, m, steps, schedule, v):
     import torch.distributed as dist
     from torch.distributed import pipelining as pp
     rank = dist.get_rank()
     x, y = data(m)
     layers = build_layers()  # all of them (small), so the seeds match; each rank keeps its stages'
-    n = 2 * v
+    n = p * v
     per = [1 + LAYERS // n if i == 0 else LAYERS // n for i in range(n)]
     per[-1] += 1
     bounds = [0]
     for c in per:
         bounds.append(bounds[-1] + c)
     stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
-              for s in range(rank, n, 2)]
+              for s in range(rank, n, p)]
     opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
@@ -159,10 +160,12 @@ def torch_rank(m, steps, schedule, v):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        if rank == 0:  # holds stage 0 (and stage 2 when interleaved)
+        if rank == 0:        # holds stage 0 (and stage p when interleaved)
             sched.step(x)
-        else:          # holds the last stage
+        elif rank == p - 1:  # holds the last stage
             sched.step(target=y, losses=losses)
+        else:
+            sched.step()
         opt.step()
         times.append(time.perf_counter() - t0)
         if step == 0 and losses:
@@ -170,12 +173,12 @@ def torch_rank(m, steps, schedule, v):
     return {"step_s": statistics.median(times[1:]), "first_loss": first_loss}
 
 
-def deepspeed_rank(m, steps):
+def deepspeed_rank(p, m, steps):
     """In DeepSpeed's own venv (run_deepspeed)."""
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
     deepspeed.init_distributed(dist_backend="gloo")
-    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=2, loss_fn=loss_fn,
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=p, loss_fn=loss_fn,
                          partition_method="type:Block")
     cfg = config(m)
     del cfg["pipeline"]
@@ -191,27 +194,35 @@ def deepspeed_rank(m, steps):
 
 
 # ----- processes -----
+class Stopped(Exception):
+    """SIGTERM (e.g. from `timeout`) reached the bench: it stops and reports the runs that finished."""
+
+
+def _stop(signum, frame):
+    raise Stopped()
+
+
 def _reason(error):
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
 
 
-def _entry(fn, rank, port, args, queue):
+def _entry(fn, rank, world, port, args, queue):
     try:
-        os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
         import torch.distributed as dist
         if fn is not deepspeed_rank:
-            dist.init_process_group("gloo", rank=rank, world_size=2)
+            dist.init_process_group("gloo", rank=rank, world_size=world)
         result = (True, fn(*args))
     except BaseException as error:  # noqa: BLE001 - spawn reports it, naming the rank
         result = (False, _reason(error))
     queue.put((rank, *result))
 
 
-def spawn(fn, *args, timeout=RUN_TIMEOUT_S):
-    """fn(*args) on 2 ranks, one process each. Returns {"ranks": [rank 0's result, rank 1's]} or
+def spawn(fn, world, *args, timeout=RUN_TIMEOUT_S):
+    """fn(world, *args) on `world` ranks, one process each. Returns {"ranks": [rank 0's result, ...]} or
     {"error": why}: a rank raised (its exception), died without a result (its exit code), or did not
     finish within `timeout` seconds (a hang)."""
     ctx = mp.get_context("spawn")
@@ -219,9 +230,19 @@ def spawn(fn, *args, timeout=RUN_TIMEOUT_S):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    procs = [ctx.Process(target=_entry, args=(fn, r, port, args, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, (world, *args), queue)) for r in range(world)]
     for p in procs:
         p.start()
+    try:
+        return _collect(procs, queue, timeout)
+    finally:  # also when the bench itself is stopped (Stopped): no rank outlives it
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+
+def _collect(procs, queue, timeout):
     results, errors = {}, {}
     deadline = time.monotonic() + timeout
 
@@ -255,23 +276,19 @@ def spawn(fn, *args, timeout=RUN_TIMEOUT_S):
                     errors[r] = (f"killed {PEER_GRACE_S} s after its peer failed" if errors
                                  else f"did not finish within {timeout} s (a hang)")
             break
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join()
     if errors:
         return {"error": "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))}
-    return {"ranks": [results[0], results[1]]}
+    return {"ranks": [results[r] for r in range(len(procs))]}
 
 
-def run_deepspeed(m, steps, venv):
+def run_deepspeed(p, m, steps, venv):
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         return {"error": f"not installed (no {python}; --deepspeed-venv names DeepSpeed's venv)"}
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import json\ntry:\n    import deepspeed\nexcept ImportError as e:\n"
             "    print('RESULT', json.dumps({'error': 'not installed in ' + %r + ': ' + str(e)}))\n    raise SystemExit\n"
-            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d)))" % (venv, m, steps))
+            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d, %d)))" % (venv, p, m, steps))
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here)
     limit_s = RUN_TIMEOUT_S + 120
     # A session of its own, so a timeout kills the ranks it spawned too.
@@ -283,6 +300,9 @@ def run_deepspeed(m, steps, venv):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return {"error": f"did not finish within {limit_s} s (killed)"}
+    except Stopped:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -375,11 +395,11 @@ def replay(lists, cost):
     return 1 - sum(busy) / (p * max(clock))
 
 
-def bubbles(schedule, m, v, ranks):
+def bubbles(schedule, p, m, v, ranks):
     """theory, list (simulated, rank-averaged costs), imbalance (replayed, per-rank costs), measured
     (median over steps), the costs, and the lists' bubble simulated at 4 and 8 stages."""
     from zeroshard import _C
-    lists = _C.pipeline.build(schedule, 2, m, v)[0]
+    lists = _C.pipeline.build(schedule, p, m, v)[0]
     timelines = [r["timelines"] for r in ranks]
     for rank, (lst, steps) in enumerate(zip(lists, timelines)):
         planned = [i[:3] for i in lst if i[0] != "optimizer_step"]
@@ -392,12 +412,13 @@ def bubbles(schedule, m, v, ranks):
     assert abs(check - listed) < 1e-9, f"replay {check} != the checker's {listed} at the same costs"
     fbw = {"F": avg.get("forward", 1.0), "B": avg.get("backward_input", 1.0), "W": avg.get("backward_weight", 1.0)}
     deeper = {}
-    for p in (4, 8):
-        if schedule == "interleaved_1f1b" and m % p:
+    for deep_p in (4, 8):
+        if deep_p <= p or (schedule == "interleaved_1f1b" and m % deep_p):
             continue
-        deep = _C.pipeline.build(schedule, p, m, v)[0]
-        deeper[p] = (_C.pipeline.simulate(deep, m, v, avg)["bubble_fraction"], theory(schedule, p, m, v, **fbw))
-    return {"theory": theory(schedule, 2, m, v, **fbw), "unit_theory": theory(schedule, 2, m, v), "list": listed,
+        deep = _C.pipeline.build(schedule, deep_p, m, v)[0]
+        deeper[deep_p] = (_C.pipeline.simulate(deep, m, v, avg)["bubble_fraction"],
+                          theory(schedule, deep_p, m, v, **fbw))
+    return {"theory": theory(schedule, p, m, v, **fbw), "unit_theory": theory(schedule, p, m, v), "list": listed,
             "imbalance": replay(lists, lambda r, op, chunk: per_rank[r][(op, chunk)]),
             "measured": statistics.median(measured_bubble(step) for step in zip(*timelines)),
             "costs": per_rank, "deeper": deeper}
@@ -445,19 +466,22 @@ def paired_ratios(ours, theirs, samples, reference):
     return [a / b for a, b in pairs if a is not None and b is not None]
 
 
-def run_rounds(m, steps, rounds, peers, venv, schedules):
+def run_rounds(p, m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
     each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
     machine's drift over the minutes a round takes falls on all alike.
     (framework, schedule) -> [run per round]."""
     runs = {}
-    for _ in range(rounds):
-        for schedule, v in schedules:
-            runs.setdefault(("zeroshard", schedule), []).append(spawn(zeroshard_rank, m, steps, schedule, v))
-            if "torch" in peers:
-                runs.setdefault(("torch", schedule), []).append(spawn(torch_rank, m, steps, schedule, v))
-            if "deepspeed" in peers and schedule == "1f1b":
-                runs.setdefault(("deepspeed", schedule), []).append(run_deepspeed(m, steps, venv))
+    try:
+        for number in range(1, rounds + 1):
+            for schedule, v in schedules:
+                runs.setdefault(("zeroshard", schedule), []).append(spawn(zeroshard_rank, p, m, steps, schedule, v))
+                if "torch" in peers:
+                    runs.setdefault(("torch", schedule), []).append(spawn(torch_rank, p, m, steps, schedule, v))
+                if "deepspeed" in peers and schedule == "1f1b":
+                    runs.setdefault(("deepspeed", schedule), []).append(run_deepspeed(p, m, steps, venv))
+    except Stopped:
+        print(f"STOPPED by SIGTERM in round {number} of {rounds}: the tables hold the runs that had finished")
     return runs
 
 
@@ -474,7 +498,7 @@ def print_losses(runs, reference):
                   f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
 
 
-def print_schedule(schedule, v, runs, peers, samples, reference, m):
+def print_schedule(schedule, p, v, runs, peers, samples, reference, m):
     """One schedule's row: samples/s per framework, zeroshard's bubble split, and the details."""
     cells, notes = [], []
     for framework in ["zeroshard"] + [p for p in peers if (p, schedule) in runs]:
@@ -487,7 +511,7 @@ def print_schedule(schedule, v, runs, peers, samples, reference, m):
         if outcome(run, samples, reference)[0] is None:
             continue
         try:
-            found.append((number, bubbles(schedule, m, v, run["ranks"])))
+            found.append((number, bubbles(schedule, p, m, v, run["ranks"])))
         except Exception as error:  # noqa: BLE001 - shown in the table
             notes.append(f"bubble: {_reason(error)}")
     bubble_cells = ""
@@ -522,6 +546,7 @@ def print_schedule(schedule, v, runs, peers, samples, reference, m):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages, one process each")
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="timed steps, after one warm-up step")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each framework and schedule, alternated")
@@ -530,7 +555,9 @@ def main():
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
     args = parser.parse_args()
-    m, steps = args.micro_batches, args.steps
+    p, m, steps = args.stages, args.micro_batches, args.steps
+    if p not in (2, 4):
+        raise SystemExit(f"--stages: got {p}, expected 2 or 4 (the {LAYERS} blocks in p x 2 interleaved chunks)")
     if steps < 1:
         raise SystemExit(f"--steps: got {steps}, expected >= 1 (timed steps after the warm-up)")
     if args.rounds < 1:
@@ -545,10 +572,13 @@ def main():
     torch.set_num_threads(1)
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
-    runs = run_rounds(m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
+    signal.signal(signal.SIGTERM, _stop)
+    runs = run_rounds(p, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    schedules = [(name, v) for name, v in schedules if ("zeroshard", name) in runs]
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
-          f"2 stages (one process, one thread each), fp32, Gloo; {steps} timed steps after a warm-up; "
+          f"{p} stages (one process, one thread each; {os.cpu_count()} cores), fp32, Gloo; {steps} timed steps after a warm-up; "
           f"{args.rounds} round(s), the frameworks alternating")
     print(f"verified before timing: each run's first-step loss against a one-process reference "
           f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
@@ -558,7 +588,7 @@ def main():
     print(f"{'schedule':18} {'zeroshard':>17} {'torch':>17} {'deepspeed':>17} | {'theory':>7} {'list':>7} "
           f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9} {'-theory':>8}")
     for schedule, v in schedules:
-        print_schedule(schedule, v, runs, peers, samples, reference, m)
+        print_schedule(schedule, p, v, runs, peers, samples, reference, m)
     print("\ntheory: the closed form at unit costs, free transfers ((p-1)/(m+p-1), divided by v interleaved, "
           "ZB-H1's for zero bubble); list: the executed lists simulated by the checker (_C.pipeline.simulate) "
           "at rank-averaged measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own "
