@@ -15,13 +15,15 @@ rank-averaged measured costs with free transfers; "+imbalance", the same lists r
 (rank, chunk)'s own costs; "+runtime", the measured bubble (median over a run's steps) beyond that
 (transfers, Python); "-theory", measured minus theory. theory, list and measured are medians over
 rounds, +imbalance and +runtime differences of those medians. Deeper pipelines cannot be timed on
-2 cores: for deeper ones (4 and 8 stages) it prints the lists' simulated bubble; where there are a
-core per stage and more, --stages 4 times them.
+2 cores: for 4 and 8 stages (where deeper than --stages) it prints the lists' simulated bubble at
+the measured costs; with a core per rank or more, --stages 4 times 4 stages. A SIGTERM (`timeout`)
+stops the runs and prints the tables of those that had finished.
 
     python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
                              [--no-peers] [--deepspeed-venv /tmp/ds-venv]
 """
 import argparse
+import contextlib
 import json
 import os
 import queue as queue_module
@@ -38,13 +40,12 @@ import torch.multiprocessing as mp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
+from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
 TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
-COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
-SENDS, RECEIVES = ("send_activation", "send_gradient"), ("receive_activation", "receive_gradient")
 LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
@@ -115,10 +116,10 @@ def config(m, schedule="1f1b", virtual=1):
 
 
 # ----- the three frameworks, one rank each (run by spawn) -----
-def zeroshard_rank(p, m, steps, schedule, v):
+def zeroshard_rank(num_stages, m, steps, schedule, v):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule
-    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=p, loss_fn=loss_fn,
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=num_stages, loss_fn=loss_fn,
                          partition_method="type:Block", virtual_stages=v)
     engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
                                            model_parameters=list(net.parameters()))
@@ -136,20 +137,20 @@ def zeroshard_rank(p, m, steps, schedule, v):
     return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "timelines": timelines[1:]}
 
 
-def torch_rank(p, m, steps, schedule, v):
+def torch_rank(num_stages, m, steps, schedule, v):
     import torch.distributed as dist
     from torch.distributed import pipelining as pp
     rank = dist.get_rank()
     x, y = data(m)
     layers = build_layers()  # all of them (small), so the seeds match; each rank keeps its stages'
-    n = p * v
+    n = num_stages * v
     per = [1 + LAYERS // n if i == 0 else LAYERS // n for i in range(n)]
     per[-1] += 1
     bounds = [0]
     for c in per:
         bounds.append(bounds[-1] + c)
     stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
-              for s in range(rank, n, p)]
+              for s in range(rank, n, num_stages)]
     opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
@@ -160,9 +161,9 @@ def torch_rank(p, m, steps, schedule, v):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        if rank == 0:        # holds stage 0 (and stage p when interleaved)
+        if rank == 0:                 # holds stage 0 (and stage num_stages when interleaved)
             sched.step(x)
-        elif rank == p - 1:  # holds the last stage
+        elif rank == num_stages - 1:  # holds the last stage
             sched.step(target=y, losses=losses)
         else:
             sched.step()
@@ -173,12 +174,12 @@ def torch_rank(p, m, steps, schedule, v):
     return {"step_s": statistics.median(times[1:]), "first_loss": first_loss}
 
 
-def deepspeed_rank(p, m, steps):
+def deepspeed_rank(num_stages, m, steps):
     """In DeepSpeed's own venv (run_deepspeed)."""
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
     deepspeed.init_distributed(dist_backend="gloo")
-    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=p, loss_fn=loss_fn,
+    net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=num_stages, loss_fn=loss_fn,
                          partition_method="type:Block")
     cfg = config(m)
     del cfg["pipeline"]
@@ -231,15 +232,17 @@ def spawn(fn, world, *args, timeout=RUN_TIMEOUT_S):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, (world, *args), queue)) for r in range(world)]
-    for p in procs:
-        p.start()
     try:
+        for proc in procs:
+            proc.start()
         return _collect(procs, queue, timeout)
     finally:  # also when the bench itself is stopped (Stopped): no rank outlives it
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
+        for proc in procs:
+            if proc.pid is not None and proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            if proc.pid is not None:
+                proc.join()
 
 
 def _collect(procs, queue, timeout):
@@ -281,14 +284,15 @@ def _collect(procs, queue, timeout):
     return {"ranks": [results[r] for r in range(len(procs))]}
 
 
-def run_deepspeed(p, m, steps, venv):
+def run_deepspeed(num_stages, m, steps, venv):
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         return {"error": f"not installed (no {python}; --deepspeed-venv names DeepSpeed's venv)"}
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import json\ntry:\n    import deepspeed\nexcept ImportError as e:\n"
             "    print('RESULT', json.dumps({'error': 'not installed in ' + %r + ': ' + str(e)}))\n    raise SystemExit\n"
-            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d, %d)))" % (venv, p, m, steps))
+            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d, %d)))"
+            % (venv, num_stages, m, steps))
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here)
     limit_s = RUN_TIMEOUT_S + 120
     # A session of its own, so a timeout kills the ranks it spawned too.
@@ -301,127 +305,13 @@ def run_deepspeed(p, m, steps, venv):
         proc.communicate()
         return {"error": f"did not finish within {limit_s} s (killed)"}
     except Stopped:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # its group may be gone already
+            os.killpg(proc.pid, signal.SIGKILL)
         raise
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return {"error": f"exited with code {proc.returncode}: " + (err.strip().splitlines() or ["no output"])[-1][:200]}
-
-
-# ----- bubbles -----
-def theory(schedule, p, m, v, F=1.0, B=1.0, W=1.0):
-    """Closed-form bubble fraction, uniform stages and free transfers. GPipe, 1F1B: (p-1)/(m+p-1);
-    interleaved with v chunks per rank: (p-1)/(vm+p-1). ZB-H1 (Qi et al. 2023, Zero Bubble Pipeline
-    Parallelism, section 3.1): each rank idles (p-1)(F+B-W) of a makespan m(F+B+W) + (p-1)(F+B-W),
-    F, B, W the forward, input-gradient and weight-gradient passes; at F=B=W about a third of 1F1B's."""
-    if schedule in ("gpipe", "1f1b"):
-        return (p - 1) / (m + p - 1)
-    if schedule == "interleaved_1f1b":
-        return (p - 1) / (v * m + p - 1)
-    idle = (p - 1) * max(F + B - W, 0.0)
-    return idle / (m * (F + B + W) + idle)
-
-
-def measured_bubble(step):
-    """One step (a timeline per rank): 1 - compute summed over ranks / (ranks x makespan), the
-    makespan from the first instruction's start to the last compute's end over all ranks."""
-    start = min(t[3] for tl in step for t in tl)
-    end = max(t[4] for tl in step for t in tl if t[0] in COMPUTE)
-    busy = sum(t[4] - t[3] for tl in step for t in tl if t[0] in COMPUTE)
-    return 1 - busy / (len(step) * (end - start))
-
-
-def rank_costs(steps):
-    """One rank's mean seconds per (compute op, chunk) over all its timed steps."""
-    sums = {}
-    for tl in steps:
-        for op, _, chunk, a, b in tl:
-            if op in COMPUTE:
-                sums.setdefault((op, chunk), []).append(b - a)
-    return {k: sum(v) / len(v) for k, v in sums.items()}
-
-
-def mean_costs(ranks):
-    """Mean seconds per compute op over every rank, chunk and step: what _C.pipeline.simulate takes."""
-    sums = {}
-    for steps in ranks:
-        for tl in steps:
-            for op, _, _, a, b in tl:
-                if op in COMPUTE:
-                    sums.setdefault(op, []).append(b - a)
-    return {op: sum(v) / len(v) for op, v in sums.items()}
-
-
-def replay(lists, cost):
-    """The checker's timing rules (pipeline/schedule_check.cpp) with a cost per rank, which
-    _C.pipeline.simulate cannot take (one cost per op for all ranks): a compute pass adds
-    cost(rank, op, chunk) to its rank's clock; a send and its receive complete together once both
-    ranks are there (rendezvous, free here); reduce_tied waits for every rank."""
-    p = len(lists)
-    pc, clock, busy = [0] * p, [0.0] * p, [0.0] * p
-
-    def step(r):
-        if pc[r] >= len(lists[r]):
-            return False
-        op, _, chunk, peer = lists[r][pc[r]]
-        if op == "reduce_tied":
-            if any(pc[q] + 3 != len(lists[q]) for q in range(p)):
-                return False
-            now = max(clock)
-            for q in range(p):
-                clock[q], pc[q] = now, pc[q] + 1
-            return True
-        if op in SENDS + RECEIVES:
-            other = lists[peer][pc[peer]] if pc[peer] < len(lists[peer]) else None
-            if other is None or other[0] not in SENDS + RECEIVES or other[3] != r or (other[0] in SENDS) == (op in SENDS):
-                return False
-            clock[r] = clock[peer] = max(clock[r], clock[peer])
-            pc[r], pc[peer] = pc[r] + 1, pc[peer] + 1
-            return True
-        if op in COMPUTE:
-            clock[r] += cost(r, op, chunk)
-            busy[r] += cost(r, op, chunk)
-        pc[r] += 1
-        return True
-
-    progress = True
-    while progress:
-        progress = False
-        for r in range(p):
-            while step(r):
-                progress = True
-    assert all(pc[r] == len(lists[r]) for r in range(p)), "replay stuck on lists the checker passed"
-    return 1 - sum(busy) / (p * max(clock))
-
-
-def bubbles(schedule, p, m, v, ranks):
-    """theory, list (simulated, rank-averaged costs), imbalance (replayed, per-rank costs), measured
-    (median over steps), the costs, and the lists' bubble simulated at 4 and 8 stages."""
-    from zeroshard import _C
-    lists = _C.pipeline.build(schedule, p, m, v)[0]
-    timelines = [r["timelines"] for r in ranks]
-    for rank, (lst, steps) in enumerate(zip(lists, timelines)):
-        planned = [i[:3] for i in lst if i[0] != "optimizer_step"]
-        if any([t[:3] for t in tl] != planned for tl in steps):
-            raise RuntimeError(f"{schedule}: rank {rank} did not execute the list _C.pipeline.build gives")
-    avg = mean_costs(timelines)
-    per_rank = [rank_costs(steps) for steps in timelines]
-    listed = _C.pipeline.simulate(lists, m, v, avg)["bubble_fraction"]
-    check = replay(lists, lambda r, op, chunk: avg[op])
-    assert abs(check - listed) < 1e-9, f"replay {check} != the checker's {listed} at the same costs"
-    fbw = {"F": avg.get("forward", 1.0), "B": avg.get("backward_input", 1.0), "W": avg.get("backward_weight", 1.0)}
-    deeper = {}
-    for deep_p in (4, 8):
-        if deep_p <= p or (schedule == "interleaved_1f1b" and m % deep_p):
-            continue
-        deep = _C.pipeline.build(schedule, deep_p, m, v)[0]
-        deeper[deep_p] = (_C.pipeline.simulate(deep, m, v, avg)["bubble_fraction"],
-                          theory(schedule, deep_p, m, v, **fbw))
-    return {"theory": theory(schedule, p, m, v, **fbw), "unit_theory": theory(schedule, p, m, v), "list": listed,
-            "imbalance": replay(lists, lambda r, op, chunk: per_rank[r][(op, chunk)]),
-            "measured": statistics.median(measured_bubble(step) for step in zip(*timelines)),
-            "costs": per_rank, "deeper": deeper}
 
 
 # ----- report -----
@@ -442,20 +332,22 @@ def outcome(run, samples, reference):
     return samples / max(r["step_s"] for r in ranks), None
 
 
-def cell(per_round, samples, reference):
-    """(the median samples/s over the rounds that ran, with its range and k/N when some did not;
-    the notes of those that did not)."""
+def cell(per_round, samples, reference, rounds):
+    """(the median samples/s over the rounds that ran, with its range and k/N when fewer than the
+    `rounds` asked for did, failed or were never reached; the notes of those that failed)."""
     rates, notes = [], []
     for run in per_round:
         rate, note = outcome(run, samples, reference)
         (rates if rate is not None else notes).append(rate if rate is not None else note)
     if not rates:
+        if not notes:
+            return "not run", notes
         return ("not inst." if all(n.startswith("not installed") for n in notes) else "failed"), notes
     text = f"{statistics.median(rates):.1f}"
     if len(rates) > 1:
         text += f" ({min(rates):.1f}-{max(rates):.1f})"
-    if len(rates) < len(per_round):
-        text += f" {len(rates)}/{len(per_round)}"
+    if len(rates) < rounds:
+        text += f" {len(rates)}/{rounds}"
     return text, notes
 
 
@@ -466,23 +358,27 @@ def paired_ratios(ours, theirs, samples, reference):
     return [a / b for a, b in pairs if a is not None and b is not None]
 
 
-def run_rounds(p, m, steps, rounds, peers, venv, schedules):
+def run_rounds(num_stages, m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
     each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
     machine's drift over the minutes a round takes falls on all alike.
-    (framework, schedule) -> [run per round]."""
-    runs = {}
+    ({(framework, schedule): [run per round]}, why it stopped early or None)."""
+    runs, number = {}, 0
+
+    def record(framework, schedule, run):  # a run's list is made only once the run has returned
+        runs.setdefault((framework, schedule), []).append(run)
+
     try:
         for number in range(1, rounds + 1):
             for schedule, v in schedules:
-                runs.setdefault(("zeroshard", schedule), []).append(spawn(zeroshard_rank, p, m, steps, schedule, v))
+                record("zeroshard", schedule, spawn(zeroshard_rank, num_stages, m, steps, schedule, v))
                 if "torch" in peers:
-                    runs.setdefault(("torch", schedule), []).append(spawn(torch_rank, p, m, steps, schedule, v))
+                    record("torch", schedule, spawn(torch_rank, num_stages, m, steps, schedule, v))
                 if "deepspeed" in peers and schedule == "1f1b":
-                    runs.setdefault(("deepspeed", schedule), []).append(run_deepspeed(p, m, steps, venv))
+                    record("deepspeed", schedule, run_deepspeed(num_stages, m, steps, venv))
     except Stopped:
-        print(f"STOPPED by SIGTERM in round {number} of {rounds}: the tables hold the runs that had finished")
-    return runs
+        return runs, f"stopped by SIGTERM in round {number} of {rounds}: the tables hold the runs that had finished"
+    return runs, None
 
 
 def print_losses(runs, reference):
@@ -498,11 +394,11 @@ def print_losses(runs, reference):
                   f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
 
 
-def print_schedule(schedule, p, v, runs, peers, samples, reference, m):
+def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, rounds):
     """One schedule's row: samples/s per framework, zeroshard's bubble split, and the details."""
     cells, notes = [], []
     for framework in ["zeroshard"] + [p for p in peers if (p, schedule) in runs]:
-        text, failed = cell(runs[framework, schedule], samples, reference)
+        text, failed = cell(runs[framework, schedule], samples, reference, rounds)
         cells.append(text)
         notes += [f"{framework}: {note[:160]}" for note in failed]
     cells += ["-"] * (3 - len(cells))  # a framework not asked for, or DeepSpeed beside 1F1B only
@@ -511,7 +407,7 @@ def print_schedule(schedule, p, v, runs, peers, samples, reference, m):
         if outcome(run, samples, reference)[0] is None:
             continue
         try:
-            found.append((number, bubbles(schedule, p, m, v, run["ranks"])))
+            found.append((number, bubbles(schedule, num_stages, m, v, run["ranks"])))
         except Exception as error:  # noqa: BLE001 - shown in the table
             notes.append(f"bubble: {_reason(error)}")
     bubble_cells = ""
@@ -534,7 +430,7 @@ def print_schedule(schedule, p, v, runs, peers, samples, reference, m):
                       f"{b_['theory']:.3f} ({b_['measured'] - b_['theory']:+.3f})" for _, b_ in found))
         if b["deeper"]:
             print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
-                f"{p} stages {sim:.3f} (theory {th:.3f})" for p, (sim, th) in b["deeper"].items()))
+                f"{deep} stages {sim:.3f} (theory {th:.3f})" for deep, (sim, th) in b["deeper"].items()))
     for peer in [p for p in peers if (p, schedule) in runs]:
         ratios = paired_ratios(runs["zeroshard", schedule], runs[peer, schedule], samples, reference)
         if ratios:
@@ -555,9 +451,10 @@ def main():
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
     args = parser.parse_args()
-    p, m, steps = args.stages, args.micro_batches, args.steps
-    if p not in (2, 4):
-        raise SystemExit(f"--stages: got {p}, expected 2 or 4 (the {LAYERS} blocks in p x 2 interleaved chunks)")
+    num_stages, m, steps = args.stages, args.micro_batches, args.steps
+    if num_stages not in (2, 4):
+        raise SystemExit(f"--stages: got {num_stages}, expected 2 or 4 (the {LAYERS} blocks in stages x 2 "
+                         "interleaved chunks)")
     if steps < 1:
         raise SystemExit(f"--steps: got {steps}, expected >= 1 (timed steps after the warm-up)")
     if args.rounds < 1:
@@ -573,13 +470,15 @@ def main():
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
     signal.signal(signal.SIGTERM, _stop)
-    runs = run_rounds(p, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
+    runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     schedules = [(name, v) for name, v in schedules if ("zeroshard", name) in runs]
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
-          f"{p} stages (one process, one thread each; {os.cpu_count()} cores), fp32, Gloo; {steps} timed steps after a warm-up; "
-          f"{args.rounds} round(s), the frameworks alternating")
+          f"{num_stages} stages (one process, one thread each; {os.cpu_count()} cores), fp32, Gloo; "
+          f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating")
+    if stopped:
+        print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
     print(f"verified before timing: each run's first-step loss against a one-process reference "
           f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
     print_losses(runs, reference)
@@ -588,7 +487,7 @@ def main():
     print(f"{'schedule':18} {'zeroshard':>17} {'torch':>17} {'deepspeed':>17} | {'theory':>7} {'list':>7} "
           f"{'+imbalance':>10} {'+runtime':>9} {'=measured':>9} {'-theory':>8}")
     for schedule, v in schedules:
-        print_schedule(schedule, p, v, runs, peers, samples, reference, m)
+        print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, args.rounds)
     print("\ntheory: the closed form at unit costs, free transfers ((p-1)/(m+p-1), divided by v interleaved, "
           "ZB-H1's for zero bubble); list: the executed lists simulated by the checker (_C.pipeline.simulate) "
           "at rank-averaged measured costs, free transfers; +imbalance: replayed at each (rank, chunk)'s own "

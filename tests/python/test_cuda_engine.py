@@ -2,6 +2,7 @@
 machine has one GPU) against torch.optim on the same GPU, at every ZeRO stage, for every optimizer
 kind (the CUDA fused Adam, and the ATen paths of the others, Lamb's trust ratio included), fp32
 and bf16. The same worker as test_zero_parity.py; it runs on whatever device the engine picks.
+Also the pipeline engine at one stage (test_pipe_parity.py's run), and exact checkpoint resumes.
 Skips without a GPU (the CPU path of every case runs in test_zero_parity.py)."""
 import pytest
 import torch
@@ -79,12 +80,13 @@ def test_cuda_checkpoint_exact_resume(stage, precision, tmp_path):
 
 
 def test_cuda_one_stage_pipeline_parity():
-    """The pipeline engine on a GPU with NCCL (a world of one, so one stage): gpipe, 1f1b and zero
-    bubble with ZeRO 0/1, clipping, activation checkpointing and eval_batch, against
-    torch.optim.AdamW on the same GPU (test_pipe_parity.py's run; its CPU twin runs there)."""
+    """The pipeline engine on a GPU with NCCL set up (a world of one, so one stage and no
+    point-to-point transfers): gpipe, 1f1b and zero bubble with ZeRO 0/1, clipping, activation
+    checkpointing and eval_batch, against torch.optim.AdamW on the same GPU (test_pipe_parity.py's
+    run; its CPU twin runs there)."""
     from test_pipe_parity import _cases, _check
     results = run_distributed(_cases, 1, 1, True, timeout=240)[0]
     assert sorted(results) == ["1f1b", "gpipe", "zero_bubble"]
     for schedule, r in results.items():
-        assert r["device"].startswith("cuda"), f"{schedule} ran on {r['device']}"
+        assert r["device"].startswith("cuda") and r["backend"] == "nccl", f"{schedule}: {r['device']}, {r['backend']}"
         _check(f"cuda {schedule}", r)

@@ -191,7 +191,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         # Parameters are released between steps; each rank's fp32 chunks are the parameters.
         expect = _chunks(ref_params, rank, world)
         # master(0) is a CPU copy; the reference is where the engine runs (a GPU in test_cuda_engine.py).
-        got = engine._core.master(0).to(expect[0].device).split([e.numel() for e in expect])
+        got = engine._core.master(0).to(engine.device).split([e.numel() for e in expect])
         for i, (a, b) in enumerate(zip(got, expect)):
             err = (a - b).abs().max().item()
             scale = ref_params[i].detach().abs().max().item()
@@ -211,7 +211,7 @@ def parity_worker(model_name, stage, precision, gas, optimizer, clip, bucket, st
         for s, (e, r) in enumerate(norms):
             assert abs(e - r) <= 1e-5 * r, f"step {s}: gradient norm {e!r} vs reference {r!r}"
     else:
-        master = engine._core.master(0).to(engine.device)  # a CPU copy; the reference is on the engine's device
+        master = engine._core.master(0).to(engine.device)  # as above
         if stage == 3:
             expect = torch.cat(_chunks(ref_params, rank, world))
             moved = (expect - torch.cat(_chunks(initial, rank, world)).to(expect.device)).norm().item()
