@@ -72,7 +72,8 @@ def replay(lists, cost):
             return True
         if op in SENDS + RECEIVES:
             other = lists[peer][pc[peer]] if pc[peer] < len(lists[peer]) else None
-            if other is None or other[0] not in SENDS + RECEIVES or other[3] != r or (other[0] in SENDS) == (op in SENDS):
+            if (other is None or other[0] not in SENDS + RECEIVES or other[3] != r
+                    or (other[0] in SENDS) == (op in SENDS)):
                 return False
             clock[r] = clock[peer] = max(clock[r], clock[peer])
             pc[r], pc[peer] = pc[r] + 1, pc[peer] + 1

@@ -1,7 +1,7 @@
 """The numerics contract for pipelines: every schedule, at (2 stages x 2 data) and (4 stages x 1),
-and every schedule but interleaving at (1 stage x 1), matches one process running the same layers with torch.optim.AdamW on the same global batch
-(fp32: each step's loss and, after 10 steps, every parameter of every stage within 1e-5 relative),
-with the embedding tied to the unembedding across the first and last stage, gradient clipping
+and every schedule but interleaving at (1 stage x 1), matches one process running the same layers
+with torch.optim.AdamW on the same global batch (fp32: each step's loss and, after 10 steps,
+every parameter of every stage within 1e-5 relative), with the embedding tied to the unembedding across the first and last stage, gradient clipping
 that really clips, 4 micro-batches accumulated per step, activation checkpointing (interval 2
 and 1) in two of the schedules, and eval_batch's loss and outputs afterwards. The model is built the way
 DeepSpeed pipeline scripts build theirs (LayerSpec, TiedLayerSpec, loss_fn, seed_layers,
@@ -204,4 +204,3 @@ def test_bf16_and_fp16_pipelines_match_fp32_within_16_bit_roundoff():
                 assert abs(loss - ref_loss) <= HALF_TOL["loss"] * ref_loss, f"{where} step {step}: loss {loss} vs {ref_loss}"
                 assert abs(norm - ref_norm) <= HALF_TOL["norm"] * ref_norm, f"{where} step {step}: norm {norm} vs {ref_norm}"
             assert r["masters"] <= HALF_TOL["masters"], f"{where}: masters off by {r['masters']:.3f} of the movement"
-
