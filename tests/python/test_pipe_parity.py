@@ -1,14 +1,15 @@
 """The numerics contract for pipelines: every schedule, at (2 stages x 2 data) and (4 stages x 1),
 and every schedule but interleaving at (1 stage x 1), matches one process running the same layers
-with torch.optim.AdamW on the same global batch (fp32: each step's loss and, after 10 steps,
-every parameter of every stage within 1e-5 relative), with the embedding tied to the unembedding across the first and last stage, gradient clipping
-that really clips, 4 micro-batches accumulated per step, activation checkpointing (interval 2
-and 1) in two of the schedules, and eval_batch's loss and outputs afterwards. The model is built the way
-DeepSpeed pipeline scripts build theirs (LayerSpec, TiedLayerSpec, loss_fn, seed_layers,
-initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad])). bf16,
-and fp16 with dynamic loss scaling, at 2 stages x 1 data match the same fp32 reference within
-16-bit roundoff (tolerance stated below). The parity runs also run with NCCL's matching order
-for point-to-point transfers (in issue order, tags ignored) over Gloo."""
+with torch.optim.AdamW on the same global batch (fp32: each step's loss and, after 10 steps, every
+parameter of every stage within 1e-5 relative), with the embedding tied to the unembedding across
+the first and last stage, gradient clipping that really clips, 4 micro-batches accumulated per
+step, activation checkpointing (interval 2 and 1) in two of the schedules, and eval_batch's loss
+and outputs afterwards. The model is built the way DeepSpeed pipeline scripts build theirs
+(LayerSpec, TiedLayerSpec, loss_fn, seed_layers, initialize(model=net, model_parameters=[p for p in
+net.parameters() if p.requires_grad])). bf16, and fp16 with dynamic loss scaling, at 2 stages x 1
+data match the same fp32 reference within 16-bit roundoff (tolerance stated below). The parity runs
+also run with NCCL's matching order for point-to-point transfers (in issue order, tags ignored)
+over Gloo."""
 import os
 
 import pytest
