@@ -3,11 +3,11 @@
 # "Second GPU run"):
 #
 #   build from source (CUDA kernels where nvcc matches torch) -> the `cuda` tests on 8 workers ->
-#   ctest -> bench/pipeline.py at 2 and 4 stages with the peers, on the CPU cores (CUDA hidden:
-#   multi-rank pipelines run on Gloo; NCCL needs a GPU per rank and the machine has one)
+#   ctest -> bench/pipeline.py at 4 stages, then at 2, with the peers, on the CPU cores (CUDA
+#   hidden: multi-rank pipelines run on Gloo; NCCL needs a GPU per rank and the machine has one)
 #
-#   bench/gpu_check.sh [--no-bench]   BUDGET_S: seconds the whole script may take (default 570),
-#                                     set under the device call's timeout_s
+#   bench/gpu_check.sh [--no-bench | --no-tests]   BUDGET_S: seconds the whole script may take
+#                                     (default 570), set under the device call's timeout_s
 #
 # That machine has torch, nvcc, cmake and ninja but no package registry. Made here, carried with
 # the call (`carry: [".devprefix", ".whl"]`, both .gitignored):
@@ -51,6 +51,7 @@ grep -h -- "-- zeroshard" "$OUT/build.log"
 say "build rc=$rc"
 if [ $rc -ne 0 ]; then tail -30 "$OUT/build.log"; exit $rc; fi
 
+if [ "${1:-}" != "--no-tests" ]; then
 say "cuda tests"
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed
 timeout "$(cap 240)" python3 -m pytest -q $workers -m cuda -p no:cacheprovider tests/python >"$OUT/cuda_tests.log" 2>&1
@@ -62,6 +63,7 @@ timeout "$(cap 120)" ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
 say "ctest rc=$?: $(grep 'tests passed' "$OUT/ctest.log")"
 
 if [ "${1:-}" = "--no-bench" ]; then say "done (--no-bench)"; exit 0; fi
+fi
 
 # DeepSpeed for bench/pipeline.py's --deepspeed-venv: a python that sees the wheels beside torch,
 # in a new folder (never written through an existing venv's python, which links to an interpreter).
@@ -73,21 +75,17 @@ printf '#!/bin/sh\nPYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}%s/site" exec "%s" "$@
   >"$DS/bin/python"
 chmod +x "$DS/bin/python"
 
-# The two pipeline runs at once (2 + 4 single-threaded ranks, one framework at a time in each, on
-# 16 cores), each pairing its frameworks within a round. Each gets what is left of the budget less
-# 20 s; a SIGTERM then makes it print the runs that had finished.
-left=$(( $(cap 100000) - 20 ))
-say "pipeline bench (2 and 4 stages, together), ${left} s left"
-if [ "$left" -lt 60 ]; then say "too little time left for the bench"; exit 1; fi
-CUDA_VISIBLE_DEVICES= timeout -k 20 "$left" python3 bench/pipeline.py --stages 2 --rounds 3 --deepspeed-venv "$DS" \
-  >"$OUT/pipeline_2stages.log" 2>&1 &
-two=$!
-CUDA_VISIBLE_DEVICES= timeout -k 20 "$left" python3 bench/pipeline.py --stages 4 --rounds 2 --deepspeed-venv "$DS" \
-  >"$OUT/pipeline_4stages.log" 2>&1 &
-four=$!
-wait $two; say "2 stages rc=$?"
-wait $four; say "4 stages rc=$?"
-for f in pipeline_2stages pipeline_4stages; do
-  echo "== $f"; sed -n '/^GPT:/,$p' "$OUT/$f.log" | grep -v "^theory:" | cut -c1-200
+# The pipeline runs one after the other (4 stages, then 2 with what is left; one framework at a
+# time, each pairing its frameworks within a round), so that they do not share the cores. Each gets
+# what is left of the budget less 20 s; a SIGTERM then makes it print the runs that had finished.
+for stages in 4 2; do
+  left=$(( $(cap 100000) - 20 ))
+  say "pipeline bench, $stages stages, ${left} s left"
+  if [ "$left" -lt 60 ]; then say "too little time left for the $stages-stage bench"; continue; fi
+  rounds=$([ "$stages" = 4 ] && echo 2 || echo 3)
+  CUDA_VISIBLE_DEVICES= timeout -k 20 "$left" python3 bench/pipeline.py --stages "$stages" --rounds "$rounds" \
+    --deepspeed-venv "$DS" --dump "$OUT/pipeline_${stages}stages.json" >"$OUT/pipeline_${stages}stages.log" 2>&1
+  say "$stages stages rc=$?"
+  echo "== pipeline_${stages}stages"; sed -n '/^GPT:/,$p' "$OUT/pipeline_${stages}stages.log" | grep -v "^theory:" | cut -c1-220
 done
 say "done"

@@ -20,7 +20,7 @@ the measured costs; with a core per rank or more, --stages 4 times 4 stages. A S
 stops the runs and prints the tables of those that had finished.
 
     python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
-                             [--no-peers] [--deepspeed-venv /tmp/ds-venv]
+                             [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--dump FILE]
 """
 import argparse
 import contextlib
@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
-from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
+from pipeline_bubbles import COMPUTE, bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
@@ -152,13 +152,15 @@ def torch_rank(num_stages, m, steps, schedule, v):
     stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
               for s in range(rank, n, num_stages)]
     opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
+    compute = _time_torch_compute([st.submod for st in stages])
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
                 loss_fn=loss_fn)
-    times, first_loss = [], None
+    times, first_loss, computed = [], None, []
     for step in range(steps + 1):
         losses = []
         dist.barrier()
+        compute[0] = 0.0
         t0 = time.perf_counter()
         opt.zero_grad()
         if rank == 0:                 # holds stage 0 (and stage num_stages when interleaved)
@@ -169,9 +171,34 @@ def torch_rank(num_stages, m, steps, schedule, v):
             sched.step()
         opt.step()
         times.append(time.perf_counter() - t0)
+        computed.append(compute[0])
         if step == 0 and losses:
             first_loss = float(torch.stack([loss.detach() for loss in losses]).mean())
-    return {"step_s": statistics.median(times[1:]), "first_loss": first_loss}
+    return {"step_s": statistics.median(times[1:]), "first_loss": first_loss,
+            "compute_s": statistics.median(computed[1:])}
+
+
+def _time_torch_compute(modules):
+    """[seconds] that torch's stages spend in forward (the stage modules' own) and in autograd's
+    backward and grad (what pipelining's stage_backward* call), summed until reset: its compute,
+    to set beside zeroshard's timestamped compute instructions."""
+    total, started = [0.0], {}
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - t0
+        return call
+
+    torch.autograd.backward, torch.autograd.grad = timed(torch.autograd.backward), timed(torch.autograd.grad)
+    for module in modules:
+        module.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), time.perf_counter()))
+        module.register_forward_hook(
+            lambda mod, args, out: total.__setitem__(0, total[0] + time.perf_counter() - started.pop(id(mod))))
+    return total
 
 
 def deepspeed_rank(num_stages, m, steps):
@@ -358,6 +385,26 @@ def paired_ratios(ours, theirs, samples, reference):
     return [a / b for a, b in pairs if a is not None and b is not None]
 
 
+def busy_shares(per_round, samples, reference):
+    """Per round: the ranks' mean compute per step over the slowest rank's step time, 1 - a bubble
+    measured the same way for zeroshard (its timestamped compute instructions) and torch (its stage
+    forwards and autograd calls, _time_torch_compute); rounds whose loss was wrong are left out."""
+    out = []
+    for run in per_round:
+        if outcome(run, samples, reference)[0] is None:
+            continue
+        ranks = run["ranks"]
+        if "compute_s" in ranks[0]:
+            compute = [r["compute_s"] for r in ranks]
+        elif "timelines" in ranks[0]:
+            compute = [statistics.median(sum(t[4] - t[3] for t in tl if t[0] in COMPUTE) for tl in r["timelines"])
+                       for r in ranks]
+        else:
+            continue
+        out.append(statistics.mean(compute) / max(r["step_s"] for r in ranks))
+    return out
+
+
 def run_rounds(num_stages, m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
     each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
@@ -431,6 +478,12 @@ def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, 
         if b["deeper"]:
             print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
                 f"{deep} stages {sim:.3f} (theory {th:.3f})" for deep, (sim, th) in b["deeper"].items()))
+    shares = {framework: busy_shares(runs[framework, schedule], samples, reference)
+              for framework in ("zeroshard", "torch") if (framework, schedule) in runs}
+    if any(shares.values()):
+        print(f"{'':20}compute share of the step (per-rank compute over the slowest rank's step time, "
+              "medians over steps, per round): " + "; ".join(
+                  f"{framework} " + ", ".join(f"{x:.3f}" for x in values) for framework, values in shares.items() if values))
     for peer in [p for p in peers if (p, schedule) in runs]:
         ratios = paired_ratios(runs["zeroshard", schedule], runs[peer, schedule], samples, reference)
         if ratios:
@@ -450,6 +503,8 @@ def main():
                         help="which schedules, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
+    parser.add_argument("--dump", metavar="FILE", help="also write zeroshard's per-rank timelines and step times, "
+                        "per schedule and round, as JSON (for reading the bubble offline)")
     args = parser.parse_args()
     num_stages, m, steps = args.stages, args.micro_batches, args.steps
     if num_stages not in (2, 4):
@@ -472,6 +527,11 @@ def main():
     signal.signal(signal.SIGTERM, _stop)
     runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump({"stages": num_stages, "micro_batches": m, "runs": {
+                schedule: [run.get("ranks") for run in per_round]
+                for (framework, schedule), per_round in runs.items() if framework == "zeroshard"}}, f)
     schedules = [(name, v) for name, v in schedules if ("zeroshard", name) in runs]
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
