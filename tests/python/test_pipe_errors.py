@@ -83,6 +83,8 @@ def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage, world)
         # data-parallel collective; never a hang: well within the collective timeout (60 s here).
         assert other["seconds"] < 30, (rank, other)
         assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], (rank, other["text"])
+        # ... and what went wrong there, so that rank 0's log alone says it.
+        assert "raised ValueError: the layer's own error" in other["text"], (rank, other["text"])
 
 
 def _raising_backward(schedule, virtual):
@@ -137,6 +139,7 @@ def test_a_backward_that_raises_ends_every_rank_naming_it(schedule, virtual):
     assert named, raiser["text"]
     assert other["type"] == "CommError", other
     assert named.group(0) in other["text"], other["text"]
+    assert "raised ValueError: the layer's own backward error" in other["text"], other["text"]
     assert other["seconds"] < 30, other
 
 
@@ -161,6 +164,7 @@ def test_a_boundary_shape_that_changes_is_named():
     assert "micro-batch 0 agreed (float32[2, 8, 16])" in sender["text"], sender["text"]
     assert results[1]["type"] == "CommError", results[1]
     assert "stage 0" in results[1]["text"] and "micro-batch 2" in results[1]["text"], results[1]["text"]
+    assert "raised ValueError: pipeline: the output of stage 0 for micro-batch 2" in results[1]["text"], results[1]["text"]
 
 
 def _config_errors():

@@ -16,6 +16,8 @@ from zeroshard.pipe.executor import TrainStep
 from zeroshard.pipe.p2p import StageLinks
 from zeroshard.pipe.schedule import build_schedule, pipeline_accepts
 
+_CAUSE_CHARS = 200  # of a failing stage's first error line, in the report every rank reads
+
 _TRAIN_ONLY = ("Only train_batch() and eval_batch() are accessible in pipeline mode: a pipeline "
                "runs forward, backward and step for all micro-batches of a batch together")
 
@@ -259,10 +261,13 @@ class PipelineEngine(ZeroShardEngine):
         return loss
 
     def _report_stage_failure(self, error, what):
-        """Publishes `what` failed in the world communicator's store (other ranks' errors name
-        it) and adds the all-rank report to the error."""
+        """Publishes `what` failed, with the error's first line, in the world communicator's store
+        (other ranks' errors name both, so rank 0's log says what went wrong on another stage) and
+        adds the all-rank report to the error."""
+        lines = str(error).strip().splitlines()
+        first = f"{type(error).__name__}: {lines[0][:_CAUSE_CHARS] if lines else ''}"
         try:
-            self._world_comm.fail_here(what, f"{type(error).__name__}: {error}")
+            self._world_comm.fail_here(f"{what} raised {first}", f"{type(error).__name__}: {error}")
         except _C.CommError as report:
             error.add_note(f"[zeroshard] {report}")
 
