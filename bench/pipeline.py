@@ -2,9 +2,10 @@
 torch.distributed.pipelining's matching schedules and DeepSpeed's PipelineEngine (1F1B), on one GPT
 split into --stages stages (2 by default), one process and one thread per stage, Gloo on loopback, fp32.
 
-Verified before timed: each layer is built from its own seed, so all three start from the same
-weights, and each run's first step (the warm-up, never timed) must give a one-process reference's
-loss on the same data within LOSS_RTOL, else the run is left out of the table (a note says why).
+Verified: each layer is built from its own seed, so all three start from the same weights, and
+each run's first step (the warm-up, never timed) and second (after one Adam step on the same batch)
+must give a one-process torch.optim.Adam reference's losses within LOSS_RTOL, else the run is left
+out of the table (a note says why): the forward and every weight's training match.
 samples/s uses the slowest rank's median step time. Each framework runs each schedule --rounds
 times, alternating (see run_rounds); samples/s is the median over the rounds that ran, with its
 range and "k/N" when some did not, and zeroshard's samples/s over each peer's in the same round
@@ -47,6 +48,7 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble",
 TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
 LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
+LR = 1e-4
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 
@@ -103,15 +105,25 @@ def micro_batches(m):
 
 
 def reference_loss(m):
-    """The first step's loss without a pipeline: the mean over micro-batches, in one process."""
+    """(first, second) step's loss without a pipeline, in one process: the mean over micro-batches
+    before and after one torch.optim.Adam step on them (every step trains on the same batch). The
+    second shows that every weight was trained as the reference trains it, not only that the
+    forward matches."""
     model = torch.nn.Sequential(*build_layers())
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    first = 0.0
+    for x, y in micro_batches(m):
+        loss = loss_fn(model(x), y)
+        (loss / m).backward()
+        first += float(loss) / m
+    opt.step()
     with torch.no_grad():
-        return sum(float(loss_fn(model(x), y)) for x, y in micro_batches(m)) / m
+        return first, sum(float(loss_fn(model(x), y)) for x, y in micro_batches(m)) / m
 
 
 def config(m, schedule="1f1b", virtual=1):
     return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": m,
-            "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "steps_per_print": 10 ** 6,
+            "optimizer": {"type": "Adam", "params": {"lr": LR}}, "steps_per_print": 10 ** 6,
             "pipeline": {"schedule": schedule, "virtual_stages": virtual}}
 
 
@@ -134,7 +146,7 @@ def zeroshard_rank(num_stages, m, steps, schedule, v):
         losses.append(float(loss))
         timelines.append(engine._timeline)
     engine._timeline = None
-    return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "timelines": timelines[1:]}
+    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "timelines": timelines[1:]}
 
 
 def torch_rank(num_stages, m, steps, schedule, v):
@@ -156,7 +168,7 @@ def torch_rank(num_stages, m, steps, schedule, v):
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
                 loss_fn=loss_fn)
-    times, first_loss, computed = [], None, []
+    times, step_losses, computed = [], [], []
     for step in range(steps + 1):
         losses = []
         dist.barrier()
@@ -172,9 +184,9 @@ def torch_rank(num_stages, m, steps, schedule, v):
         opt.step()
         times.append(time.perf_counter() - t0)
         computed.append(compute[0])
-        if step == 0 and losses:
-            first_loss = float(torch.stack([loss.detach() for loss in losses]).mean())
-    return {"step_s": statistics.median(times[1:]), "first_loss": first_loss,
+        if step < 2 and losses:
+            step_losses.append(float(torch.stack([loss.detach() for loss in losses]).mean()))
+    return {"step_s": statistics.median(times[1:]), "losses": step_losses or None,
             "compute_s": statistics.median(computed[1:])}
 
 
@@ -218,7 +230,7 @@ def deepspeed_rank(num_stages, m, steps):
         t0 = time.perf_counter()
         losses.append(float(engine.train_batch(iter(micro))))
         times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times[1:]), "first_loss": losses[0], "version": deepspeed.__version__}
+    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "version": deepspeed.__version__}
 
 
 # ----- processes -----
@@ -343,8 +355,15 @@ def run_deepspeed(num_stages, m, steps, venv):
 
 # ----- report -----
 def reported_loss(run):
-    """The run's first-step loss (the last stage's rank reports it), or None."""
-    return next((r["first_loss"] for r in reversed(run["ranks"]) if r["first_loss"] is not None), None)
+    """The run's first- and second-step losses (the last stage's rank reports them), or None."""
+    return next((r["losses"] for r in reversed(run["ranks"]) if r["losses"] is not None), None)
+
+
+def loss_error(losses, reference):
+    """The larger relative error of the two steps' losses against the reference's (inf if missing)."""
+    if losses is None or len(losses) < 2:
+        return float("inf")
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
 
 
 def outcome(run, samples, reference):
@@ -353,9 +372,9 @@ def outcome(run, samples, reference):
     if "error" in run:
         return None, run["error"]
     ranks = run["ranks"]
-    loss = reported_loss(run)
-    if loss is None or abs(loss - reference) > LOSS_RTOL * abs(reference):
-        return None, f"wrong loss: first-step loss {loss}, reference {reference:.7f}"
+    losses = reported_loss(run)
+    if loss_error(losses, reference) > LOSS_RTOL:
+        return None, f"wrong loss: first- and second-step losses {losses}, reference {reference}"
     return samples / max(r["step_s"] for r in ranks), None
 
 
@@ -435,10 +454,10 @@ def print_losses(runs, reference):
         if failed:
             print(f"  {framework:9} {schedule:16} {len(failed)} run(s) did not run: {failed[0][:100]}")
         if losses:
-            worst = max(losses, key=lambda x: float("inf") if x is None else abs(x - reference))
-            rel = abs(worst - reference) / abs(reference) if worst is not None else float("inf")
-            print(f"  {framework:9} {schedule:16} {worst if worst is not None else float('nan'):.7f}  "
-                  f"rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
+            worst = max(losses, key=lambda x: loss_error(x, reference))
+            rel = loss_error(worst, reference)
+            shown = "  ".join(f"{x:.7f}" for x in worst) if worst else "none"
+            print(f"  {framework:9} {schedule:16} {shown}  rel {rel:.1e}  {'ok' if rel <= LOSS_RTOL else 'WRONG'}")
 
 
 def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, rounds):
@@ -539,8 +558,9 @@ def main():
           f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating")
     if stopped:
         print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
-    print(f"verified before timing: each run's first-step loss against a one-process reference "
-          f"{reference:.7f} (same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
+    print(f"verified: each run's first- and second-step losses (the untimed warm-up, then after one Adam "
+          f"step) against a one-process torch.optim.Adam reference {reference[0]:.7f}  {reference[1]:.7f} "
+          f"(same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
     print_losses(runs, reference)
     print(f"\n{'':18} {'samples/s (median over rounds, range)':^54} | "
           f"{'bubble fraction (medians over rounds; see below)':^56}")
