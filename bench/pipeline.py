@@ -18,10 +18,12 @@ rank-averaged measured costs with free transfers; "+imbalance", the same lists r
 rounds, +imbalance and +runtime differences of those medians. Deeper pipelines cannot be timed on
 2 cores: for 4 and 8 stages (where deeper than --stages) it prints the lists' simulated bubble at
 the measured costs; with a core per rank or more, --stages 4 times 4 stages. A SIGTERM (`timeout`)
-stops the runs and prints the tables of those that had finished.
+stops the runs and prints the tables of those that had finished. Beside the bubble, each schedule's
+rows give the compute share of a step for zeroshard and torch, and the main thread's involuntary
+context switches and minor page faults per step for every framework (bench/pipeline_probes.py).
 
     python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
-                             [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--dump FILE]
+                             [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--pin] [--dump FILE]
 """
 import argparse
 import contextlib
@@ -41,7 +43,8 @@ import torch.multiprocessing as mp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
-from pipeline_bubbles import COMPUTE, bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
+from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
+from pipeline_probes import busy_shares, median_usage, run_usage, thread_usage, time_torch_compute  # noqa: E402
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
@@ -49,6 +52,7 @@ TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
 LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
 LR = 1e-4
+PIN_ENV = "ZS_BENCH_PIN"  # set by --pin; the ranks' processes (DeepSpeed's venv too) inherit it
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 
@@ -136,17 +140,19 @@ def zeroshard_rank(num_stages, m, steps, schedule, v):
     engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
                                            model_parameters=list(net.parameters()))
     micro = micro_batches(m)
-    times, losses, timelines = [], [], []
+    times, losses, timelines, usage = [], [], [], []
     for _ in range(steps + 1):
         engine._timeline = []  # recorded in every step, so each pays the same two clock reads per instruction
         torch.distributed.barrier()
-        t0 = time.perf_counter()
+        u0, t0 = thread_usage(), time.perf_counter()
         loss = engine.train_batch(iter(micro))
         times.append(time.perf_counter() - t0)
+        usage.append(thread_usage(u0))
         losses.append(float(loss))
         timelines.append(engine._timeline)
     engine._timeline = None
-    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "timelines": timelines[1:]}
+    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "timelines": timelines[1:],
+            "usage": median_usage(usage[1:])}
 
 
 def torch_rank(num_stages, m, steps, schedule, v):
@@ -164,16 +170,16 @@ def torch_rank(num_stages, m, steps, schedule, v):
     stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
               for s in range(rank, n, num_stages)]
     opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
-    compute = _time_torch_compute([st.submod for st in stages])
+    compute = time_torch_compute([st.submod for st in stages])
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
                 loss_fn=loss_fn)
-    times, step_losses, computed = [], [], []
+    times, step_losses, computed, usage = [], [], [], []
     for step in range(steps + 1):
         losses = []
         dist.barrier()
         compute[0] = 0.0
-        t0 = time.perf_counter()
+        u0, t0 = thread_usage(), time.perf_counter()
         opt.zero_grad()
         if rank == 0:                 # holds stage 0 (and stage num_stages when interleaved)
             sched.step(x)
@@ -183,34 +189,12 @@ def torch_rank(num_stages, m, steps, schedule, v):
             sched.step()
         opt.step()
         times.append(time.perf_counter() - t0)
+        usage.append(thread_usage(u0))
         computed.append(compute[0])
         if step < 2 and losses:
             step_losses.append(float(torch.stack([loss.detach() for loss in losses]).mean()))
     return {"step_s": statistics.median(times[1:]), "losses": step_losses or None,
-            "compute_s": statistics.median(computed[1:])}
-
-
-def _time_torch_compute(modules):
-    """[seconds] that torch's stages spend in forward (the stage modules' own) and in autograd's
-    backward and grad (what pipelining's stage_backward* call), summed until reset: its compute,
-    to set beside zeroshard's timestamped compute instructions."""
-    total, started = [0.0], {}
-
-    def timed(fn):
-        def call(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                total[0] += time.perf_counter() - t0
-        return call
-
-    torch.autograd.backward, torch.autograd.grad = timed(torch.autograd.backward), timed(torch.autograd.grad)
-    for module in modules:
-        module.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), time.perf_counter()))
-        module.register_forward_hook(
-            lambda mod, args, out: total.__setitem__(0, total[0] + time.perf_counter() - started.pop(id(mod))))
-    return total
+            "compute_s": statistics.median(computed[1:]), "usage": median_usage(usage[1:])}
 
 
 def deepspeed_rank(num_stages, m, steps):
@@ -224,13 +208,15 @@ def deepspeed_rank(num_stages, m, steps):
     del cfg["pipeline"]
     engine, _, _, _ = deepspeed.initialize(model=net, config=cfg, model_parameters=list(net.parameters()))
     micro = micro_batches(m)
-    times, losses = [], []
+    times, losses, usage = [], [], []
     for _ in range(steps + 1):
         torch.distributed.barrier()
-        t0 = time.perf_counter()
+        u0, t0 = thread_usage(), time.perf_counter()
         losses.append(float(engine.train_batch(iter(micro))))
         times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "version": deepspeed.__version__}
+        usage.append(thread_usage(u0))
+    return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "version": deepspeed.__version__,
+            "usage": median_usage(usage[1:])}
 
 
 # ----- processes -----
@@ -252,6 +238,8 @@ def _entry(fn, rank, world, port, args, queue):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
+        if os.environ.get(PIN_ENV):  # --pin: rank r on core r * (cores // ranks), every framework alike
+            os.sched_setaffinity(0, {rank * max(len(os.sched_getaffinity(0)) // world, 1)})
         import torch.distributed as dist
         if fn is not deepspeed_rank:
             dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -404,26 +392,6 @@ def paired_ratios(ours, theirs, samples, reference):
     return [a / b for a, b in pairs if a is not None and b is not None]
 
 
-def busy_shares(per_round, samples, reference):
-    """Per round: the ranks' mean compute per step over the slowest rank's step time, 1 - a bubble
-    measured the same way for zeroshard (its timestamped compute instructions) and torch (its stage
-    forwards and autograd calls, _time_torch_compute); rounds whose loss was wrong are left out."""
-    out = []
-    for run in per_round:
-        if outcome(run, samples, reference)[0] is None:
-            continue
-        ranks = run["ranks"]
-        if "compute_s" in ranks[0]:
-            compute = [r["compute_s"] for r in ranks]
-        elif "timelines" in ranks[0]:
-            compute = [statistics.median(sum(t[4] - t[3] for t in tl if t[0] in COMPUTE) for tl in r["timelines"])
-                       for r in ranks]
-        else:
-            continue
-        out.append(statistics.mean(compute) / max(r["step_s"] for r in ranks))
-    return out
-
-
 def run_rounds(num_stages, m, steps, rounds, peers, venv, schedules):
     """Every framework's run of every schedule, `rounds` times, the frameworks alternating within
     each schedule (zeroshard, then the peers asked for: torch, DeepSpeed's 1F1B), so that the
@@ -497,12 +465,18 @@ def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, 
         if b["deeper"]:
             print(f"{'':20}simulated at those costs (rank-averaged): " + ", ".join(
                 f"{deep} stages {sim:.3f} (theory {th:.3f})" for deep, (sim, th) in b["deeper"].items()))
-    shares = {framework: busy_shares(runs[framework, schedule], samples, reference)
+    shares = {framework: busy_shares([run for run in runs[framework, schedule] if outcome(run, samples, reference)[0]])
               for framework in ("zeroshard", "torch") if (framework, schedule) in runs}
     if any(shares.values()):
         print(f"{'':20}compute share of the step (per-rank compute over the slowest rank's step time, "
               "medians over steps, per round): " + "; ".join(
                   f"{framework} " + ", ".join(f"{x:.3f}" for x in values) for framework, values in shares.items() if values))
+    usage = {framework: [u for u in (run_usage(run) for run in runs[framework, schedule]) if u]
+             for framework in ["zeroshard"] + peers if (framework, schedule) in runs}
+    if any(usage.values()):
+        print(f"{'':20}per step on a rank's main thread, mean over ranks (per round): involuntary context switches, "
+              "minor page faults: " + "; ".join(f"{framework} " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in values)
+                                                 for framework, values in usage.items() if values))
     for peer in [p for p in peers if (p, schedule) in runs]:
         ratios = paired_ratios(runs["zeroshard", schedule], runs[peer, schedule], samples, reference)
         if ratios:
@@ -522,6 +496,8 @@ def main():
                         help="which schedules, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
+    parser.add_argument("--pin", action="store_true", help="pin rank r of every framework to one core, "
+                        "r * (cores // ranks), so that no rank shares or changes cores")
     parser.add_argument("--dump", metavar="FILE", help="also write zeroshard's per-rank timelines and step times, "
                         "per schedule and round, as JSON (for reading the bubble offline)")
     args = parser.parse_args()
@@ -543,6 +519,8 @@ def main():
     torch.set_num_threads(1)
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
+    if args.pin:
+        os.environ[PIN_ENV] = "1"
     signal.signal(signal.SIGTERM, _stop)
     runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,73 @@
+"""What bench/pipeline.py's ranks measure besides their step time, and its report's reductions of
+those: torch's compute (its stage forwards and autograd calls, timed by wrapping them), each rank's
+main-thread preemptions and page faults per step, the compute share of a step for zeroshard (from its
+timestamped instructions) and torch, and the usage means over a run's ranks."""
+import resource
+import statistics
+import time
+
+import torch
+
+from pipeline_bubbles import COMPUTE
+
+
+def time_torch_compute(modules):
+    """[seconds] that torch's stages spend in forward (the stage modules' own) and in autograd's
+    backward and grad (what pipelining's stage_backward* call), summed until reset: its compute,
+    to set beside zeroshard's timestamped compute instructions."""
+    total, started = [0.0], {}
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - t0
+        return call
+
+    torch.autograd.backward, torch.autograd.grad = timed(torch.autograd.backward), timed(torch.autograd.grad)
+    for module in modules:
+        module.register_forward_pre_hook(lambda mod, args: started.__setitem__(id(mod), time.perf_counter()))
+        module.register_forward_hook(
+            lambda mod, args, out: total.__setitem__(0, total[0] + time.perf_counter() - started.pop(id(mod))))
+    return total
+
+
+def thread_usage(since=None):
+    """(involuntary context switches, minor page faults) of this thread: the step's compute runs on
+    it, so preemption (another thread or process taking its core) and fresh pages show here.
+    With `since`, the counts since that reading."""
+    u = resource.getrusage(resource.RUSAGE_THREAD)
+    now = (u.ru_nivcsw, u.ru_minflt)
+    return now if since is None else tuple(a - b for a, b in zip(now, since))
+
+
+def median_usage(per_step):
+    return [statistics.median(x[i] for x in per_step) for i in range(2)] if per_step else None
+
+
+def busy_shares(runs):
+    """Per run (the rounds whose losses were right): the ranks' mean compute per step over the
+    slowest rank's step time, 1 - a bubble measured the same way for zeroshard (its timestamped
+    compute instructions) and torch (its stage forwards and autograd calls, time_torch_compute)."""
+    out = []
+    for run in runs:
+        ranks = run["ranks"]
+        if "compute_s" in ranks[0]:
+            compute = [r["compute_s"] for r in ranks]
+        elif "timelines" in ranks[0]:
+            compute = [statistics.median(sum(t[4] - t[3] for t in tl if t[0] in COMPUTE) for tl in r["timelines"])
+                       for r in ranks]
+        else:
+            continue
+        out.append(statistics.mean(compute) / max(r["step_s"] for r in ranks))
+    return out
+
+
+def run_usage(run):
+    """(involuntary context switches, minor faults) per step, means over the run's ranks, or None."""
+    ranks = run.get("ranks") or []
+    if not ranks or any(r.get("usage") is None for r in ranks):
+        return None
+    return tuple(statistics.mean(r["usage"][i] for r in ranks) for i in range(2))
