@@ -3,9 +3,11 @@ torch.distributed.pipelining's matching schedules and DeepSpeed's PipelineEngine
 split into --stages stages (2 by default), one process and one thread per stage, Gloo on loopback, fp32.
 
 Verified: each layer is built from its own seed, so all three start from the same weights, and
-each run's first step (the warm-up, never timed) and second (after one Adam step on the same batch)
-must give a one-process torch.optim.Adam reference's losses within LOSS_RTOL, else the run is left
-out of the table (a note says why): the forward and every weight's training match.
+each run's first step (the warm-up, never timed) and second (after one Adam step on the same batch,
+at an eps that makes the step follow each gradient's size) must give a one-process torch.optim.Adam
+reference's losses within LOSS_RTOL, else the run is left out of the table (a note says why): the
+forward matches, and a skipped or wrongly scaled gradient shows (one block's zeroed moves the second
+loss 1.2e-4, a scale of x0.5 on all 1.1e-3; LOSS_RTOL is 1e-5).
 samples/s uses the slowest rank's median step time. Each framework runs each schedule --rounds
 times, alternating (see run_rounds); samples/s is the median over the rounds that ran, with its
 range and "k/N" when some did not, and zeroshard's samples/s over each peer's in the same round
@@ -28,6 +30,7 @@ context switches and minor page faults per step for every framework (bench/pipel
 import argparse
 import contextlib
 import json
+import math
 import os
 import queue as queue_module
 import signal
@@ -44,14 +47,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
 from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
-from pipeline_probes import busy_shares, median_usage, run_usage, thread_usage, time_torch_compute  # noqa: E402
+from pipeline_probes import (busy_shares, median_usage, pinned_cpus, run_usage, thread_usage,  # noqa: E402
+                             time_torch_compute)
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
 TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
 LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
-LR = 1e-4
+# Adam with a large eps: its first step moves each weight by about LR * g / (|g| + EPS), so the
+# second step's loss sees a gradient's size, not only its sign (at eps 1e-8 a gradient scaled x8,
+# or one block's x3, passed the check; at these, one block's gradients zeroed moves it 1.2e-4).
+LR, EPS = 0.1, 1.0
 PIN_ENV = "ZS_BENCH_PIN"  # set by --pin; the ranks' processes (DeepSpeed's venv too) inherit it
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
@@ -114,12 +121,12 @@ def reference_loss(m):
     second shows that every weight was trained as the reference trains it, not only that the
     forward matches."""
     model = torch.nn.Sequential(*build_layers())
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = torch.optim.Adam(model.parameters(), lr=LR, eps=EPS)
     first = 0.0
     for x, y in micro_batches(m):
         loss = loss_fn(model(x), y)
         (loss / m).backward()
-        first += float(loss) / m
+        first += loss.item() / m
     opt.step()
     with torch.no_grad():
         return first, sum(float(loss_fn(model(x), y)) for x, y in micro_batches(m)) / m
@@ -127,7 +134,7 @@ def reference_loss(m):
 
 def config(m, schedule="1f1b", virtual=1):
     return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": m,
-            "optimizer": {"type": "Adam", "params": {"lr": LR}}, "steps_per_print": 10 ** 6,
+            "optimizer": {"type": "Adam", "params": {"lr": LR, "eps": EPS}}, "steps_per_print": 10 ** 6,
             "pipeline": {"schedule": schedule, "virtual_stages": virtual}}
 
 
@@ -169,7 +176,7 @@ def torch_rank(num_stages, m, steps, schedule, v):
         bounds.append(bounds[-1] + c)
     stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
               for s in range(rank, n, num_stages)]
-    opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=1e-4)
+    opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=LR, eps=EPS)
     compute = time_torch_compute([st.submod for st in stages])
     cls = getattr(pp, TORCH_NAMES[schedule])
     sched = cls(stages if len(stages) > 1 or schedule == "zero_bubble" else stages[0], n_microbatches=m,
@@ -238,8 +245,8 @@ def _entry(fn, rank, world, port, args, queue):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
-        if os.environ.get(PIN_ENV):  # --pin: rank r on core r * (cores // ranks), every framework alike
-            os.sched_setaffinity(0, {rank * max(len(os.sched_getaffinity(0)) // world, 1)})
+        if os.environ.get(PIN_ENV):  # --pin: every framework's rank r on the same CPU
+            os.sched_setaffinity(0, {pinned_cpus(world)[rank]})
         import torch.distributed as dist
         if fn is not deepspeed_rank:
             dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -348,8 +355,9 @@ def reported_loss(run):
 
 
 def loss_error(losses, reference):
-    """The larger relative error of the two steps' losses against the reference's (inf if missing)."""
-    if losses is None or len(losses) < 2:
+    """The larger relative error of the two steps' losses against the reference's (inf if missing
+    or not finite: a NaN would compare as passing)."""
+    if losses is None or len(losses) < 2 or not all(math.isfinite(x) for x in losses):
         return float("inf")
     return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
 
@@ -361,7 +369,7 @@ def outcome(run, samples, reference):
         return None, run["error"]
     ranks = run["ranks"]
     losses = reported_loss(run)
-    if loss_error(losses, reference) > LOSS_RTOL:
+    if not loss_error(losses, reference) <= LOSS_RTOL:
         return None, f"wrong loss: first- and second-step losses {losses}, reference {reference}"
     return samples / max(r["step_s"] for r in ranks), None
 
@@ -471,7 +479,8 @@ def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, 
         print(f"{'':20}compute share of the step (per-rank compute over the slowest rank's step time, "
               "medians over steps, per round): " + "; ".join(
                   f"{framework} " + ", ".join(f"{x:.3f}" for x in values) for framework, values in shares.items() if values))
-    usage = {framework: [u for u in (run_usage(run) for run in runs[framework, schedule]) if u]
+    usage = {framework: [u for u in (run_usage(run) for run in runs[framework, schedule]
+                                     if outcome(run, samples, reference)[0]) if u]
              for framework in ["zeroshard"] + peers if (framework, schedule) in runs}
     if any(usage.values()):
         print(f"{'':20}per step on a rank's main thread, mean over ranks (per round): involuntary context switches, "
@@ -520,24 +529,23 @@ def main():
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
     if args.pin:
+        pinned = pinned_cpus(num_stages)  # refuses before anything runs when there are too few cores
         os.environ[PIN_ENV] = "1"
+    if args.dump:
+        open(args.dump, "w").close()  # a path that cannot be written fails now, not after the runs
     signal.signal(signal.SIGTERM, _stop)
     runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if args.dump:
-        with open(args.dump, "w") as f:
-            json.dump({"stages": num_stages, "micro_batches": m, "runs": {
-                schedule: [run.get("ranks") for run in per_round]
-                for (framework, schedule), per_round in runs.items() if framework == "zeroshard"}}, f)
     schedules = [(name, v) for name, v in schedules if ("zeroshard", name) in runs]
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
           f"{num_stages} stages (one process, one thread each; {os.cpu_count()} cores), fp32, Gloo; "
-          f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating")
+          f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating"
+          + (f"; rank r pinned to CPU {pinned}[r]" if args.pin else "; not pinned"))
     if stopped:
         print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
     print(f"verified: each run's first- and second-step losses (the untimed warm-up, then after one Adam "
-          f"step) against a one-process torch.optim.Adam reference {reference[0]:.7f}  {reference[1]:.7f} "
+          f"step, lr {LR}, eps {EPS}) against a one-process torch.optim.Adam reference {reference[0]:.7f}  {reference[1]:.7f} "
           f"(same seeded weights, same data; within relative {LOSS_RTOL:g}); worst run:")
     print_losses(runs, reference)
     print(f"\n{'':18} {'samples/s (median over rounds, range)':^54} | "
@@ -553,6 +561,12 @@ def main():
           "beat the checker's rendezvous); -theory: measured minus theory. theory, list, measured: medians "
           "over rounds; +imbalance, +runtime: differences of those medians. Few steps on shared cores: "
           "differences of a few 0.01 are noise")
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump({"stages": num_stages, "micro_batches": m, "pinned": pinned if args.pin else None,
+                       "runs": {schedule: [{"verdict": outcome(run, samples, reference)[1] or "ok",
+                                            "ranks": run.get("ranks")} for run in per_round]
+                                for (framework, schedule), per_round in runs.items() if framework == "zeroshard"}}, f)
 
 
 if __name__ == "__main__":

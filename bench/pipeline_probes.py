@@ -1,7 +1,8 @@
 """What bench/pipeline.py's ranks measure besides their step time, and its report's reductions of
-those: torch's compute (its stage forwards and autograd calls, timed by wrapping them), each rank's
+those (and --pin's choice of CPUs): torch's compute (its stage forwards and autograd calls, timed by wrapping them), each rank's
 main-thread preemptions and page faults per step, the compute share of a step for zeroshard (from its
 timestamped instructions) and torch, and the usage means over a run's ranks."""
+import os
 import resource
 import statistics
 import time
@@ -71,3 +72,23 @@ def run_usage(run):
     if not ranks or any(r.get("usage") is None for r in ranks):
         return None
     return tuple(statistics.mean(r["usage"][i] for r in ranks) for i in range(2))
+
+
+def pinned_cpus(ranks):
+    """--pin's CPU per rank: one per physical core while there are enough (a core's second hardware
+    thread would share its units with another rank), spread evenly over them; else SystemExit."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cores = {}
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_id") as f1, \
+                    open(f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id") as f2:
+                key = (f2.read().strip(), f1.read().strip())
+        except OSError:
+            key = ("", str(cpu))
+        cores.setdefault(key, cpu)  # the core's first CPU
+    one_per_core = sorted(cores.values())
+    if ranks > len(one_per_core):
+        raise SystemExit(f"--pin: {ranks} ranks but {len(one_per_core)} physical cores among this process's "
+                         f"CPUs {cpus}; drop --pin or use fewer --stages")
+    return [one_per_core[r * len(one_per_core) // ranks] for r in range(ranks)]

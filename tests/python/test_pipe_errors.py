@@ -29,7 +29,7 @@ def _engine(stages, gas=GAS, extra=None, layers=None, **module_kwargs):
     return engine
 
 
-def _raising_stage(fail_layer, fail_call, fail_rank):
+def _raising_stage(fail_layer, fail_call, fail_rank, evaluating=False):
     import torch
     import torch.distributed as dist
     from pipe_models import D_MODEL, batches, layer_specs, rank_micro_batches
@@ -51,8 +51,11 @@ def _raising_stage(fail_layer, fail_call, fail_rank):
     it = rank_micro_batches(batches(2, MICRO, GAS, dp), MICRO, GAS, engine.global_rank % dp)
     t0 = time.monotonic()
     try:
-        engine.train_batch(it)
-        engine.train_batch(it)
+        if evaluating:
+            engine.eval_batch(it)
+        else:
+            engine.train_batch(it)
+            engine.train_batch(it)
     except BaseException as error:  # noqa: BLE001 - the message goes back to the test
         notes = "\n".join(getattr(error, "__notes__", []))
         return {"type": type(error).__name__, "text": f"{error}\n{notes}", "seconds": time.monotonic() - t0}
@@ -85,6 +88,18 @@ def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage, world)
         assert f"pipeline stage {stage} forward of micro-batch 2" in other["text"], (rank, other["text"])
         # ... and what went wrong there, so that rank 0's log alone says it.
         assert "raised ValueError: the layer's own error" in other["text"], (rank, other["text"])
+
+
+@pytest.mark.parametrize("fail_layer,stage", [(5, 1), (1, 0)], ids=["last_stage", "first_stage"])
+def test_an_eval_forward_that_raises_ends_every_rank_naming_it(fail_layer, stage):
+    results = run_distributed(_raising_stage, 2, fail_layer, 2, stage, True, timeout=120,
+                              env={"ZEROSHARD_TIMEOUT": "1"})
+    raiser, other = results[stage], results[1 - stage]
+    assert raiser["type"] == "ValueError" and "the layer's own error" in raiser["text"], raiser
+    assert other["type"] == "CommError", other
+    assert other["seconds"] < 30, other
+    assert (f"pipeline stage {stage} forward (eval) of micro-batch 2 raised ValueError: the layer's own error"
+            in other["text"]), other["text"]
 
 
 def _raising_backward(schedule, virtual):

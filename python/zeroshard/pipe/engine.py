@@ -261,13 +261,15 @@ class PipelineEngine(ZeroShardEngine):
         return loss
 
     def _report_stage_failure(self, error, what):
-        """Publishes `what` failed, with the error's first line, in the world communicator's store
-        (other ranks' errors name both, so rank 0's log says what went wrong on another stage) and
-        adds the all-rank report to the error."""
-        lines = str(error).strip().splitlines()
-        first = f"{type(error).__name__}: {lines[0][:_CAUSE_CHARS] if lines else ''}"
+        """Publishes `what` failed in the world communicator's store, with the error's type and
+        first line (other ranks' errors name both, so rank 0's log says what went wrong on another
+        stage; a failed collective's own report is not nested in it), and adds the all-rank report
+        to the error."""
+        if not isinstance(error, _C.CommError):
+            lines = str(error).strip().splitlines()
+            what += f" raised {type(error).__name__}" + (f": {lines[0][:_CAUSE_CHARS]}" if lines else "")
         try:
-            self._world_comm.fail_here(f"{what} raised {first}", f"{type(error).__name__}: {error}")
+            self._world_comm.fail_here(what, "")  # the description carries the cause
         except _C.CommError as report:
             error.add_note(f"[zeroshard] {report}")
 
