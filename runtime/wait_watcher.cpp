@@ -1,5 +1,6 @@
-// See wait_watcher.h. The thread sleeps while nothing is watched, so a run without blocked
-// point-to-point waits pays one idle thread per communicator that has a store.
+// See wait_watcher.h. The thread ticks every interval and polls the store only when a wait is
+// watched, so a run without blocked point-to-point waits pays one mostly idle thread per
+// communicator that has a store (made at its first watched wait).
 #include "runtime/wait_watcher.h"
 
 namespace zeroshard {
@@ -25,7 +26,8 @@ std::unique_ptr<WaitWatcher::Watch> WaitWatcher::watch(c10::intrusive_ptr<c10d::
     std::lock_guard<std::mutex> lock(mutex_);
     entry = watched_.insert(watched_.end(), Entry{std::move(work)});
   }
-  wake_.notify_all();
+  // No wake-up: the thread looks at the list on its next tick. A pipeline watches every blocking
+  // receive, and waking the thread for each took the compute thread's core from it as often.
   return std::make_unique<Watch>(this, entry);
 }
 
@@ -42,10 +44,6 @@ bool WaitWatcher::Watch::aborted() const {
 void WaitWatcher::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    if (watched_.empty()) {
-      wake_.wait(lock, [&] { return stopping_ || !watched_.empty(); });
-      continue;
-    }
     wake_.wait_for(lock, interval_, [&] { return stopping_; });
     if (stopping_ || watched_.empty()) continue;
     lock.unlock();
