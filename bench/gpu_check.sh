@@ -24,9 +24,9 @@
 # where nvidia-smi sees no GPU. Everything it prints also goes to $OUT/gpu_check.log; each part's
 # log to $OUT/<part>.log (the device tool brings $OUT back).
 set -u
-MODE=${1:-all}
+MODE=${1:-}
 case "$MODE" in
-  all|--no-bench|--no-tests) [ $# -le 1 ] || { echo "bench/gpu_check.sh: one option at most, got: $*" >&2; exit 2; } ;;
+  ""|--no-bench|--no-tests) [ $# -le 1 ] || { echo "bench/gpu_check.sh: one option at most, got: $*" >&2; exit 2; } ;;
   *) echo "bench/gpu_check.sh: unknown option '$MODE'; expected none, --no-bench or --no-tests" >&2; exit 2 ;;
 esac
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -42,6 +42,8 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 start=$(date +%s)
 budget=${BUDGET_S:-570}
 say() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*"; }
+status=0  # 1 once a test run, ctest or a bench fails or is skipped: the script's exit status
+failed() { [ "$1" -eq 0 ] || status=1; }
 # The seconds a part may take: its own cap, or what is left of the budget when that is less.
 cap() { local left=$(( budget - ($(date +%s) - start) )); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }
 
@@ -60,14 +62,16 @@ if [ "$MODE" != "--no-tests" ]; then
   say "cuda tests"
   workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed
   timeout "$(cap 240)" python3 -m pytest -q $workers -m cuda -p no:cacheprovider tests/python >"$OUT/cuda_tests.log" 2>&1
-  say "cuda tests rc=$?: $(tail -1 "$OUT/cuda_tests.log")"
+  rc=$?; failed $rc
+  say "cuda tests rc=$rc: $(tail -1 "$OUT/cuda_tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/cuda_tests.log" | head -20
 
   say "ctest"
   timeout "$(cap 120)" ctest --test-dir build -j "$(nproc)" >"$OUT/ctest.log" 2>&1
-  say "ctest rc=$?: $(grep 'tests passed' "$OUT/ctest.log")"
+  rc=$?; failed $rc
+  say "ctest rc=$rc: $(grep 'tests passed' "$OUT/ctest.log")"
 
-  if [ "$MODE" = "--no-bench" ]; then say "done (--no-bench)"; exit 0; fi
+  if [ "$MODE" = "--no-bench" ]; then say "done (--no-bench)"; exit $status; fi
 fi
 
 # DeepSpeed for bench/pipeline.py's --deepspeed-venv: a python that sees the wheels beside torch,
@@ -83,18 +87,20 @@ chmod +x "$DS/bin/python"
 # The pipeline runs one after the other (one framework at a time, each pairing its frameworks
 # within a round), so that they do not share the cores: 4 stages gets two thirds of what is left
 # less 20 s, 2 stages the rest less 20 s; a SIGTERM then makes each print the runs that had
-# finished. A bench left out for lack of time makes the script exit 1.
-skipped=0
+# finished. Rounds: as many as fit at about 210 s per 4-stage round (the third GPU run's, in
+# bench/RESULTS.md) and, a guess not yet timed there, 120 s per 2-stage round; at least 1.
 for stages in 4 2; do
   left=$(( $(cap 100000) - 20 ))
   [ "$stages" = 4 ] && left=$(( left * 2 / 3 ))
   say "pipeline bench, $stages stages, ${left} s for it"
-  if [ "$left" -lt 60 ]; then say "too little time left for the $stages-stage bench"; skipped=1; continue; fi
-  rounds=$([ "$stages" = 4 ] && echo 2 || echo 3)
+  if [ "$left" -lt 60 ]; then say "too little time left for the $stages-stage bench"; status=1; continue; fi
+  per_round=$([ "$stages" = 4 ] && echo 210 || echo 120)
+  rounds=$(( left / per_round > 0 ? left / per_round : 1 ))
   CUDA_VISIBLE_DEVICES= timeout -k 20 "$left" python3 bench/pipeline.py --stages "$stages" --rounds "$rounds" \
     --deepspeed-venv "$DS" --dump "$OUT/pipeline_${stages}stages.json" >"$OUT/pipeline_${stages}stages.log" 2>&1
-  say "$stages stages rc=$?"
+  rc=$?; failed $rc
+  say "$stages stages rc=$rc ($rounds round(s) asked)"
   echo "== pipeline_${stages}stages"; sed -n '/^GPT:/,$p' "$OUT/pipeline_${stages}stages.log" | grep -v "^theory:" | cut -c1-220
 done
 say "done"
-exit $skipped
+exit $status

@@ -6,8 +6,8 @@ Verified: each layer is built from its own seed, so all three start from the sam
 each run's first step (the warm-up, never timed) and second (after one Adam step on the same batch,
 at an eps that makes the step follow each gradient's size) must give a one-process torch.optim.Adam
 reference's losses within LOSS_RTOL, else the run is left out of the table (a note says why): the
-forward matches, and a skipped or wrongly scaled gradient shows (one block's zeroed moves the second
-loss 1.2e-4, a scale of x0.5 on all 1.1e-3; LOSS_RTOL is 1e-5).
+forward matches, and a skipped or wrongly scaled gradient shows (how much, in bench/RESULTS.md,
+"Do the peers train the same weights?").
 samples/s uses the slowest rank's median step time. Each framework runs each schedule --rounds
 times, alternating (see run_rounds); samples/s is the median over the rounds that ran, with its
 range and "k/N" when some did not, and zeroshard's samples/s over each peer's in the same round
@@ -56,8 +56,8 @@ TORCH_NAMES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                "interleaved_1f1b": "ScheduleInterleaved1F1B", "zero_bubble": "ScheduleInterleavedZeroBubble"}
 LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differs
 # Adam with a large eps: its first step moves each weight by about LR * g / (|g| + EPS), so the
-# second step's loss sees a gradient's size, not only its sign (at eps 1e-8 a gradient scaled x8,
-# or one block's x3, passed the check; at these, one block's gradients zeroed moves it 1.2e-4).
+# second step's loss sees a gradient's size, not only its sign (bench/RESULTS.md, "Do the peers
+# train the same weights?").
 LR, EPS = 0.1, 1.0
 PIN_ENV = "ZS_BENCH_PIN"  # set by --pin; the ranks' processes (DeepSpeed's venv too) inherit it
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
@@ -505,8 +505,8 @@ def main():
                         help="which schedules, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="zeroshard only")
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
-    parser.add_argument("--pin", action="store_true", help="pin rank r of every framework to one core, "
-                        "r * (cores // ranks), so that no rank shares or changes cores")
+    parser.add_argument("--pin", action="store_true", help="pin every framework's rank r to the same CPU: one per "
+                        "physical core among this process's CPUs, spread evenly; refused when ranks exceed cores")
     parser.add_argument("--dump", metavar="FILE", help="also write zeroshard's per-rank timelines and step times, "
                         "per schedule and round, as JSON (for reading the bubble offline)")
     args = parser.parse_args()
@@ -526,22 +526,28 @@ def main():
     schedules = [(name, known[name]) for name in wanted]
     samples = m * MICRO
     torch.set_num_threads(1)
-    reference = reference_loss(m)
-    peers = [] if args.no_peers else ["torch", "deepspeed"]
     if args.pin:
         pinned = pinned_cpus(num_stages)  # refuses before anything runs when there are too few cores
         os.environ[PIN_ENV] = "1"
-    if args.dump:
-        open(args.dump, "w").close()  # a path that cannot be written fails now, not after the runs
+    if args.dump and not os.access(os.path.dirname(os.path.abspath(args.dump)), os.W_OK):
+        raise SystemExit(f"--dump: cannot write into the folder of {args.dump}")
+    reference = reference_loss(m)
+    peers = [] if args.no_peers else ["torch", "deepspeed"]
     signal.signal(signal.SIGTERM, _stop)
     runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if args.dump:  # first: the raw data survives a failure while printing
+        with open(args.dump, "w") as f:
+            json.dump({"stages": num_stages, "micro_batches": m, "pinned": pinned if args.pin else None,
+                       "runs": {schedule: [{"verdict": outcome(run, samples, reference)[1] or "ok",
+                                            "ranks": run.get("ranks")} for run in per_round]
+                                for (framework, schedule), per_round in runs.items() if framework == "zeroshard"}}, f)
     schedules = [(name, v) for name, v in schedules if ("zeroshard", name) in runs]
 
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
-          f"{num_stages} stages (one process, one thread each; {os.cpu_count()} cores), fp32, Gloo; "
+          f"{num_stages} stages (one process, one thread each; {len(os.sched_getaffinity(0))} CPUs), fp32, Gloo; "
           f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating"
-          + (f"; rank r pinned to CPU {pinned}[r]" if args.pin else "; not pinned"))
+          + (f"; ranks pinned to CPUs {', '.join(map(str, pinned))} in rank order" if args.pin else "; not pinned"))
     if stopped:
         print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
     print(f"verified: each run's first- and second-step losses (the untimed warm-up, then after one Adam "
@@ -561,12 +567,6 @@ def main():
           "beat the checker's rendezvous); -theory: measured minus theory. theory, list, measured: medians "
           "over rounds; +imbalance, +runtime: differences of those medians. Few steps on shared cores: "
           "differences of a few 0.01 are noise")
-    if args.dump:
-        with open(args.dump, "w") as f:
-            json.dump({"stages": num_stages, "micro_batches": m, "pinned": pinned if args.pin else None,
-                       "runs": {schedule: [{"verdict": outcome(run, samples, reference)[1] or "ok",
-                                            "ranks": run.get("ranks")} for run in per_round]
-                                for (framework, schedule), per_round in runs.items() if framework == "zeroshard"}}, f)
 
 
 if __name__ == "__main__":

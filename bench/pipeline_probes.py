@@ -1,7 +1,8 @@
-"""What bench/pipeline.py's ranks measure besides their step time, and its report's reductions of
-those (and --pin's choice of CPUs): torch's compute (its stage forwards and autograd calls, timed by wrapping them), each rank's
-main-thread preemptions and page faults per step, the compute share of a step for zeroshard (from its
-timestamped instructions) and torch, and the usage means over a run's ranks."""
+"""What bench/pipeline.py's ranks measure besides their step time, and its report's reductions of those
+(and --pin's choice of CPUs): torch's compute (its stage forwards and autograd calls, timed by
+wrapping them), each rank's main-thread preemptions and page faults per step, the compute share of a
+step for zeroshard (from its timestamped instructions) and torch, and the usage means over a run's
+ranks."""
 import os
 import resource
 import statistics
@@ -90,5 +91,5 @@ def pinned_cpus(ranks):
     one_per_core = sorted(cores.values())
     if ranks > len(one_per_core):
         raise SystemExit(f"--pin: {ranks} ranks but {len(one_per_core)} physical cores among this process's "
-                         f"CPUs {cpus}; drop --pin or use fewer --stages")
+                         f"{len(cpus)} CPUs; drop --pin or use fewer --stages")
     return [one_per_core[r * len(one_per_core) // ranks] for r in range(ranks)]

@@ -1,13 +1,18 @@
-// See wait_watcher.h. The thread ticks every interval and polls the store only when a wait is
-// watched, so a run without blocked point-to-point waits pays one mostly idle thread per
-// communicator that has a store (made at its first watched wait).
+// See wait_watcher.h. The thread exists from a communicator's first watched wait on; it then wakes
+// every interval for the communicator's life and reads the store only while a wait is watched.
+// watch() does not wake it: a pipeline watches every send and receive wait, and a wake-up for each
+// took the compute thread's core as often.
 #include "runtime/wait_watcher.h"
+
+#include "runtime/error.h"
 
 namespace zeroshard {
 
 WaitWatcher::WaitWatcher(c10::intrusive_ptr<c10d::Store> store, std::string abort_key,
                          std::chrono::milliseconds interval)
     : store_(std::move(store)), abort_key_(std::move(abort_key)), interval_(interval) {
+  ZS_CHECK(interval_.count() > 0, "WaitWatcher: interval must be positive, got ", interval_.count(),
+           " ms (the thread would spin)");
   thread_ = std::thread([this] { run(); });
 }
 
@@ -26,8 +31,7 @@ std::unique_ptr<WaitWatcher::Watch> WaitWatcher::watch(c10::intrusive_ptr<c10d::
     std::lock_guard<std::mutex> lock(mutex_);
     entry = watched_.insert(watched_.end(), Entry{std::move(work)});
   }
-  // No wake-up: the thread looks at the list on its next tick. A pipeline watches every blocking
-  // receive, and waking the thread for each took the compute thread's core from it as often.
+  // No wake-up: the thread looks at the list on its next tick (see the top of this file).
   return std::make_unique<Watch>(this, entry);
 }
 

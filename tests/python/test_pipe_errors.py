@@ -90,16 +90,27 @@ def test_a_stage_that_raises_ends_every_rank_naming_it(fail_layer, stage, world)
         assert "raised ValueError: the layer's own error" in other["text"], (rank, other["text"])
 
 
-@pytest.mark.parametrize("fail_layer,stage", [(5, 1), (1, 0)], ids=["last_stage", "first_stage"])
-def test_an_eval_forward_that_raises_ends_every_rank_naming_it(fail_layer, stage):
-    results = run_distributed(_raising_stage, 2, fail_layer, 2, stage, True, timeout=120,
+@pytest.mark.parametrize("fail_layer,stage,call,world", [(5, 1, 2, 2), (1, 0, 2, 2), (5, 1, GAS - 1, 2),
+                                                        (5, 1, GAS - 1, 4)],
+                         ids=["last_stage", "first_stage", "last_micro_batch", "last_micro_batch_2x2"])
+def test_an_eval_forward_that_raises_ends_every_rank_naming_it(fail_layer, stage, call, world):
+    # At the last micro-batch, stage 0 has sent everything and waits in the eval loss's reduction
+    # (a pipe-group collective, whose communicator has no store); at 2 x 2 the other last-stage
+    # replica waits in the data-parallel reduction of the eval output.
+    dp = world // 2
+    fail_rank = stage * dp
+    results = run_distributed(_raising_stage, world, fail_layer, call, fail_rank, True, timeout=120,
                               env={"ZEROSHARD_TIMEOUT": "1"})
-    raiser, other = results[stage], results[1 - stage]
+    named = f"pipeline stage {stage} forward (eval) of micro-batch {call} raised ValueError: the layer's own error"
+    raiser = results[fail_rank]
     assert raiser["type"] == "ValueError" and "the layer's own error" in raiser["text"], raiser
-    assert other["type"] == "CommError", other
-    assert other["seconds"] < 30, other
-    assert (f"pipeline stage {stage} forward (eval) of micro-batch 2 raised ValueError: the layer's own error"
-            in other["text"]), other["text"]
+    assert named in raiser["text"], raiser["text"]
+    for rank, other in enumerate(results):
+        if rank == fail_rank:
+            continue
+        assert other["type"] == "CommError", (rank, other)
+        assert other["seconds"] < 30, (rank, other)
+        assert named in other["text"], (rank, other["text"])
 
 
 def _raising_backward(schedule, virtual):

@@ -265,8 +265,10 @@ class PipelineEngine(ZeroShardEngine):
         first line (other ranks' errors name both, so rank 0's log says what went wrong on another
         stage; a failed collective's own report is not nested in it), and adds the all-rank report
         to the error."""
-        if not isinstance(error, _C.CommError):
-            lines = str(error).strip().splitlines()
+        lines = str(error).strip().splitlines()
+        if isinstance(error, _C.CommError):  # its headline ("collective timeout after 60 s on ..."), not its report
+            what += f" met {lines[0].split(': ', 1)[0][:_CAUSE_CHARS]}" if lines else " met a CommError"
+        else:
             what += f" raised {type(error).__name__}" + (f": {lines[0][:_CAUSE_CHARS]}" if lines else "")
         try:
             self._world_comm.fail_here(what, "")  # the description carries the cause

@@ -42,32 +42,44 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
                     else:
                         engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
                                            engine._grid.stage_to_global((stage + 1) % p))
-        engine._links.finish()  # the sends are done before the outputs' tensors may be reused
+        # The sends are done before the outputs' tensors may be reused. Here and in the
+        # reductions below, a rank that meets another stage's failure names it (the pipe and
+        # data-parallel communicators have no store of their own; see _named_by_world).
+        with engine._named_by_world("eval_batch's last sends"):
+            engine._links.finish()
     finally:
         module.train(was_training)
     holds_last = module.stage_id == module.last_stage_rank
     if reduce_output is None:
         output = results if holds_last else None
     else:
-        output = None
-        if holds_last:
-            # Every last-stage replica has the same output dtypes, so all of them refuse here
-            # together, before the data-parallel all-reduce; published as a stage failure, so the
-            # other stages waiting for the eval loss learn of it too.
-            with engine._stage_failure_reported(f"eval_batch output of stage {module.stage_id}"):
-                _check_averageable(results[0])
-            output = _mean(results)
-            if engine.dp_world_size > 1:
-                for t in (output if isinstance(output, tuple) else (output,)):
-                    engine._comm.all_reduce(t, "eval_batch output")
-                    t /= engine.dp_world_size
-        # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
-        if compute_loss and bcast_loss and engine._pipe_comm is not None:
-            value = float(output) if holds_last else 0.0
-            output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0],
-                                  dtype=torch.float32, device=engine.device)  # as DeepSpeed: on the device
+        with engine._named_by_world("eval_batch output and loss reductions"):
+            output = _reduced(engine, results, holds_last, compute_loss and bcast_loss)
     if return_logits:
         return output, (logits if holds_last else None)
+    return output
+
+
+def _reduced(engine, results, holds_last, broadcast_loss):
+    """reduce_output="avg": the mean over micro-batches and data-parallel replicas on the last
+    stage; with broadcast_loss, that loss on every stage."""
+    output = None
+    if holds_last:
+        # Every last-stage replica has the same output dtypes, so all of them refuse here
+        # together, before the data-parallel all-reduce; published as a stage failure, so the
+        # other stages waiting for the eval loss learn of it too.
+        with engine._stage_failure_reported(f"eval_batch output of stage {engine.module.stage_id}"):
+            _check_averageable(results[0])
+        output = _mean(results)
+        if engine.dp_world_size > 1:
+            for t in (output if isinstance(output, tuple) else (output,)):
+                engine._comm.all_reduce(t, "eval_batch output")
+                t /= engine.dp_world_size
+    # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
+    if broadcast_loss and engine._pipe_comm is not None:
+        value = float(output) if holds_last else 0.0
+        output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0],
+                              dtype=torch.float32, device=engine.device)  # as DeepSpeed: on the device
     return output
 
 
