@@ -244,9 +244,12 @@ std::string CommMonitor::failure_message(uint64_t seq, const std::string& descri
         else p.source = PeerState::Source::none;
       }
       ranks_text = format_peer_states(peers);
-      // Keep the store (and so this process) alive until every rank that reported has read.
+      // Keep the store (and so this process) alive until every rank that reported has read. A
+      // rank counts once, however many of its failures are reported (a pipeline stage's error is
+      // reported after its communicator's own): counted twice, it would let the store's rank end
+      // before another rank had read.
       const std::string read_key = key("read", -1);
-      store_->add(read_key, 1);
+      if (!read_counted_.exchange(true)) store_->add(read_key, 1);
       const auto deadline = Clock::now() + kReportGrace;
       while (store_->add(read_key, 0) < reported && Clock::now() < deadline) {
         std::this_thread::sleep_for(milliseconds(20));

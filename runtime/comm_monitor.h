@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -89,6 +90,7 @@ class CommMonitor {
   uint64_t checked_ = 0;   // whole-group collectives checked so far (debug mode)
   FlightRecorder recorder_;
   int fatal_reporter_ = -1;  // this monitor's entry in the terminate handler's list
+  std::atomic<bool> read_counted_{false};  // this rank is counted among the reports' readers
   std::mutex watcher_mutex_;
   std::unique_ptr<WaitWatcher> watcher_;  // made at the first blocking point-to-point wait
 };

@@ -251,6 +251,19 @@ def test_a_missing_peer_is_named_by_its_last_collective():
     pgs[1].allreduce([torch.ones(2)]).wait()  # let the collective left in flight finish
 
 
+def test_a_rank_reporting_twice_counts_once_among_the_readers():
+    """The rank that holds the store stays until as many ranks have read the failure reports as
+    reported: a rank whose failure is reported twice (a pipeline stage's error after its
+    communicator's own) counts once, or the store's rank could end before another had read."""
+    store, pgs = _groups(2)
+    comms = [_C.Comm(pgs[r], 1.0, store=store) for r in range(2)]
+    for what in ("recv(activation)", "pipeline stage 1 forward of micro-batch 0"):
+        with pytest.raises(_C.CommError, match="collective failed on rank 1"):
+            comms[1].fail_here(what, "")
+    # The first communicator built on a rank is number 1 (comm_monitor.cpp's key prefix).
+    assert store.add("zeroshard/1/read", 0) == 1
+
+
 def test_one_ranks_failure_ends_the_other_ranks_wait():
     """Ranks 0 (timeout 1 s) and 1 (timeout 60 s) enter an all_reduce that rank 2 joins only later.
     Rank 0 times out and says so in the store; rank 1 sees it within a poll interval instead of
