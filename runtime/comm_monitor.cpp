@@ -244,10 +244,10 @@ std::string CommMonitor::failure_message(uint64_t seq, const std::string& descri
         else p.source = PeerState::Source::none;
       }
       ranks_text = format_peer_states(peers);
-      // Keep the store (and so this process) alive until every rank that reported has read. A
-      // rank counts once, however many of its failures are reported (a pipeline stage's error is
-      // reported after its communicator's own): counted twice, it would let the store's rank end
-      // before another rank had read.
+      // Keep the store (and so this process) alive until every rank that reported has read.
+      // This may run more than once per monitor (the pipeline engine reports a stage's error
+      // after the communicator's own), and a rank counts once: counted twice, it would let the
+      // store's rank end before another rank had read.
       const std::string read_key = key("read", -1);
       if (!read_counted_.exchange(true)) store_->add(read_key, 1);
       const auto deadline = Clock::now() + kReportGrace;

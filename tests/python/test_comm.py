@@ -252,16 +252,23 @@ def test_a_missing_peer_is_named_by_its_last_collective():
 
 
 def test_a_rank_reporting_twice_counts_once_among_the_readers():
-    """The rank that holds the store stays until as many ranks have read the failure reports as
-    reported: a rank whose failure is reported twice (a pipeline stage's error after its
-    communicator's own) counts once, or the store's rank could end before another had read."""
+    """A rank whose failure is reported twice counts once among the reports' readers (see
+    CommMonitor::failure_message): rank 0 reports once, rank 1 twice, and the count is 2."""
     store, pgs = _groups(2)
     comms = [_C.Comm(pgs[r], 1.0, store=store) for r in range(2)]
-    for what in ("recv(activation)", "pipeline stage 1 forward of micro-batch 0"):
-        with pytest.raises(_C.CommError, match="collective failed on rank 1"):
-            comms[1].fail_here(what, "")
-    # The first communicator built on a rank is number 1 (comm_monitor.cpp's key prefix).
-    assert store.add("zeroshard/1/read", 0) == 1
+
+    def fail(rank, what):
+        with pytest.raises(_C.CommError, match=f"collective failed on rank {rank}"):
+            comms[rank].fail_here(what, "")
+    # Together, so that each finds the other's report at once instead of waiting for it.
+    threads = [threading.Thread(target=fail, args=(r, "recv(activation)")) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fail(1, "pipeline stage 1 forward of micro-batch 0")
+    comm_id = store.add("zeroshard/comms/1", 0)  # the key prefix CommMonitor gave this communicator
+    assert store.add(f"zeroshard/{comm_id}/read", 0) == 2
 
 
 def test_one_ranks_failure_ends_the_other_ranks_wait():
