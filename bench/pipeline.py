@@ -59,7 +59,7 @@ LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differ
 # second step's loss sees a gradient's size, not only its sign (bench/RESULTS.md, "Do the peers
 # train the same weights?").
 LR, EPS = 0.1, 1.0
-PIN_ENV = "ZS_BENCH_PIN"  # set by --pin; the ranks' processes (DeepSpeed's venv too) inherit it
+PIN_ENV = "ZS_BENCH_PIN"  # --pin's CPUs in rank order ("0,2"); the ranks' processes (DeepSpeed's venv too) inherit it
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 
@@ -246,7 +246,7 @@ def _entry(fn, rank, world, port, args, queue):
                           MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         torch.set_num_threads(1)
         if os.environ.get(PIN_ENV):  # --pin: every framework's rank r on the same CPU
-            os.sched_setaffinity(0, {pinned_cpus(world)[rank]})
+            os.sched_setaffinity(0, {int(os.environ[PIN_ENV].split(",")[rank])})
         import torch.distributed as dist
         if fn is not deepspeed_rank:
             dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -528,7 +528,7 @@ def main():
     torch.set_num_threads(1)
     if args.pin:
         pinned = pinned_cpus(num_stages)  # refuses before anything runs when there are too few cores
-        os.environ[PIN_ENV] = "1"
+        os.environ[PIN_ENV] = ",".join(map(str, pinned))
     if args.dump and not os.access(os.path.dirname(os.path.abspath(args.dump)), os.W_OK):
         raise SystemExit(f"--dump: cannot write into the folder of {args.dump}")
     reference = reference_loss(m)
