@@ -44,10 +44,12 @@ struct RankRun {
 // so the lists are projections of one global order in which every send meets its receive: that
 // order is a witness that they run under rendezvous semantics (and so with buffered sends too),
 // whatever the real costs. A rank whose receiver is busy goes on computing and sends later, so
-// no pass waits on a send.
+// no pass waits on a send. A training step's lists end with the reductions and the optimizer
+// step (`training`); eval_batch's end at their last transfer.
 class Placement {
  public:
-  Placement(const PipelineShape& shape, std::vector<PassOrder> orders) : shape_(shape) {
+  Placement(const PipelineShape& shape, std::vector<PassOrder> orders, bool training)
+      : shape_(shape), training_(training) {
     const size_t cells = size_t(shape.num_global_stages()) * shape.num_micro_batches;
     activation_in_.assign(cells, false);
     gradient_in_.assign(cells, false);
@@ -76,8 +78,9 @@ class Placement {
       RankRun& rank = ranks_[r];
       ZS_CHECK(rank.next == rank.order.size() && rank.outbox.empty(), "schedule builder: rank ",
                r, " is stuck before pass ", rank.next, " of ", rank.order.size());
-      for (Op op : {Op::reduce_tied, Op::reduce_data_parallel, Op::optimizer_step})
-        rank.list.push_back({op});
+      if (training_)
+        for (Op op : {Op::reduce_tied, Op::reduce_data_parallel, Op::optimizer_step})
+          rank.list.push_back({op});
       lists.push_back(std::move(rank.list));
     }
     return lists;
@@ -165,6 +168,7 @@ class Placement {
   }
 
   PipelineShape shape_;
+  bool training_;
   std::vector<RankRun> ranks_;
   std::vector<bool> activation_in_;  // per (global stage, micro-batch): received by that stage
   std::vector<bool> gradient_in_;
@@ -198,24 +202,36 @@ double InstructionCosts::of(Op op) const {
   }
 }
 
-void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
+namespace {
+
+void validate_counts(const PipelineShape& shape) {
   ZS_REQUIRE(shape.num_stages >= 1, "num_stages: got ", shape.num_stages, ", expected >= 1");
   ZS_REQUIRE(shape.num_micro_batches >= 1, "num_micro_batches: got ", shape.num_micro_batches,
              ", expected >= 1");
   ZS_REQUIRE(shape.virtual_stages >= 1, "virtual_stages: got ", shape.virtual_stages,
              ", expected >= 1");
+}
+
+// The one owner of this rule (PipelineModule builds the chunks, the engine asks here): chunks
+// interleave over pipeline ranks, and one rank would only run them back to back, a bubble-free
+// but slower 1F1B. Megatron-LM refuses an interleaved pipeline of one stage too.
+void validate_chunks_have_ranks(const PipelineShape& shape) {
+  ZS_REQUIRE(shape.virtual_stages == 1 || shape.num_stages > 1, "virtual_stages: got ",
+             shape.virtual_stages, " with num_stages 1, expected 1 for schedule interleaved_1f1b "
+             "(model chunks interleave over several pipeline stages)");
+}
+
+}  // namespace
+
+void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
+  validate_counts(shape);
   if (kind != ScheduleKind::interleaved_1f1b) {
     ZS_REQUIRE(shape.virtual_stages == 1, "virtual_stages: got ", shape.virtual_stages,
                ", expected 1 for schedule ", to_string(kind),
                " (only interleaved_1f1b runs several model chunks per rank)");
     return;
   }
-  // The one owner of this rule (PipelineModule builds the chunks, the engine asks here): chunks
-  // interleave over pipeline ranks, and one rank would only run them back to back, a bubble-free
-  // but slower 1F1B. Megatron-LM refuses an interleaved pipeline of one stage too.
-  ZS_REQUIRE(shape.virtual_stages == 1 || shape.num_stages > 1, "virtual_stages: got ",
-             shape.virtual_stages, " with num_stages 1, expected 1 for schedule interleaved_1f1b "
-             "(model chunks interleave over several pipeline stages)");
+  validate_chunks_have_ranks(shape);
   // Megatron-LM's order takes micro-batches through the chunks in groups of p. With one chunk
   // per rank there are no groups: the order is 1F1B's, which takes any number (Megatron-LM runs
   // its plain 1F1B when no virtual pipeline size is set, with no such rule).
@@ -238,7 +254,16 @@ std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
   validate_schedule_args(kind, shape);
   std::vector<PassOrder> orders;
   for (int r = 0; r < shape.num_stages; ++r) orders.push_back(pass_order(kind, shape, r));
-  return Placement(shape, std::move(orders)).run();
+  return Placement(shape, std::move(orders), true).run();
+}
+
+std::vector<std::vector<Instruction>> build_eval_schedules(const PipelineShape& shape) {
+  validate_counts(shape);
+  validate_chunks_have_ranks(shape);
+  // The micro-batches run in groups of p through the chunks, a last short group too, so any
+  // number of them (training's interleaved order needs a multiple of p).
+  const PassOrder order = schedules::forward_only_order(shape);
+  return Placement(shape, std::vector<PassOrder>(shape.num_stages, order), false).run();
 }
 
 std::vector<Instruction> build_schedule(ScheduleKind kind, const PipelineShape& shape, int rank) {

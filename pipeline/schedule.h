@@ -90,6 +90,12 @@ std::vector<Instruction> build_schedule(ScheduleKind kind, const PipelineShape& 
 std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
                                                           const PipelineShape& shape);
 
+// eval_batch's lists: every rank's loads, activation receives, forwards and activation sends
+// for `shape`'s micro-batches, with no backward and no reductions after them, placed as a
+// training schedule's are. Any number of micro-batches; v > 1 needs p > 1, as in training.
+// check_eval_schedule (schedule_check.h) proves them runnable.
+std::vector<std::vector<Instruction>> build_eval_schedules(const PipelineShape& shape);
+
 bool is_send(Op op);
 bool is_receive(Op op);
 std::string to_string(Op op);

@@ -18,6 +18,11 @@ bool is_tail(Op op) {
   return op == Op::reduce_tied || op == Op::reduce_data_parallel || op == Op::optimizer_step;
 }
 
+bool is_eval_op(Op op) {
+  return op == Op::load_micro_batch || op == Op::forward || op == Op::send_activation ||
+         op == Op::receive_activation;
+}
+
 // What python/zeroshard/pipe/executor.py keeps per (micro-batch, chunk) on a rank, and the rule
 // below that has it there before an instruction reads it:
 //   batches[mb]    forward on the first / last stage: a load before, the rank's k-th load being
@@ -42,13 +47,19 @@ struct StageMicroBatch {
   bool gradient_sent = false;
 };
 
+// What a set of lists is for: a training step's, or eval_batch's forwards only.
+enum class Purpose { training, eval };
+
+// eval_batch's bound: a forward's output waits for its send before the rank's next forward.
+constexpr int kEvalHeldOutputs = 1;
+
 class Checker {
  public:
-  // Without a kind, no memory bound is held.
-  Checker(std::optional<ScheduleKind> kind, const PipelineShape& shape,
+  // Without a kind, no memory bound is held; eval's lists are held to kEvalHeldOutputs.
+  Checker(Purpose purpose, std::optional<ScheduleKind> kind, const PipelineShape& shape,
           const std::vector<std::vector<Instruction>>& lists, const InstructionCosts& costs)
-      : kind_(kind), shape_(shape), lists_(lists), costs_(costs), p_(shape.num_stages),
-        last_stage_(shape.num_global_stages() - 1) {
+      : purpose_(purpose), kind_(kind), shape_(shape), lists_(lists), costs_(costs),
+        p_(shape.num_stages), last_stage_(shape.num_global_stages() - 1) {
     pc_.assign(p_, 0);
     clock_.assign(p_, 0);
     activations_.assign(p_, 0);
@@ -83,18 +94,23 @@ class Checker {
     return cells_[size_t(stage) * shape_.num_micro_batches + micro_batch];
   }
 
-  // The fixed tail and the fields' ranges, before simulating.
+  // The fixed tail (training) and the fields' ranges, before simulating.
   void check_fields(int r) {
     const auto& list = lists_[r];
-    bool tail_ok = list.size() >= kTailSize;
-    const size_t body = tail_ok ? list.size() - kTailSize : 0;
-    for (size_t k = 0; tail_ok && k < kTailSize; ++k) tail_ok = list[body + k].op == kTail[k];
-    if (!tail_ok)
-      throw UsageError("pipeline schedule check: rank " + std::to_string(r) +
-                       ": the list must end with reduce_tied, reduce_data_parallel, "
-                       "optimizer_step");
+    size_t body = list.size();
+    if (purpose_ == Purpose::training) {
+      bool tail_ok = list.size() >= kTailSize;
+      body = tail_ok ? list.size() - kTailSize : 0;
+      for (size_t k = 0; tail_ok && k < kTailSize; ++k) tail_ok = list[body + k].op == kTail[k];
+      if (!tail_ok)
+        throw UsageError("pipeline schedule check: rank " + std::to_string(r) +
+                         ": the list must end with reduce_tied, reduce_data_parallel, "
+                         "optimizer_step");
+    }
     for (size_t i = 0; i < body; ++i) {
       const Instruction& in = list[i];
+      if (purpose_ == Purpose::eval && !is_eval_op(in.op))
+        fail(r, i, "eval_batch runs loads, forwards and activation transfers only");
       if (is_tail(in.op))
         fail(r, i, "reduce_tied, reduce_data_parallel and optimizer_step end the list, once");
       if (in.micro_batch < 0 || in.micro_batch >= shape_.num_micro_batches)
@@ -200,6 +216,7 @@ class Checker {
     const int from = shape_.global_stage(sender, send.chunk);
     const int to = shape_.global_stage(receiver, receive.chunk);
     if (activation) {
+      if (purpose_ == Purpose::eval) --activations_[sender];  // the output is sent on
       cell(from, send.micro_batch).activation_sent = true;
       cell(to, send.micro_batch).activation_in = true;
     } else {
@@ -252,6 +269,14 @@ class Checker {
         if (!have_activation(stage, in.micro_batch))
           fail(r, i, "runs before receiving its activation");
         c.forwarded = true;
+        if (purpose_ == Purpose::eval) {
+          // Its output is held until sent on; the last stage's is a result, not held here. (The
+          // next stage is always on another rank: chunks need several ranks.)
+          if (stage != last_stage_)
+            rank.peak_activations = std::max(rank.peak_activations, ++activations_[r]);
+          check_eval_bound(r, i);
+          break;
+        }
         rank.peak_activations = std::max(rank.peak_activations, ++activations_[r]);
         rank.peak_graphs = std::max(rank.peak_graphs, ++graphs_[r]);
         check_bound(r, i);
@@ -299,6 +324,13 @@ class Checker {
                      std::to_string(bound.graphs) + where);
   }
 
+  void check_eval_bound(int r, size_t i) const {
+    if (activations_[r] > kEvalHeldOutputs)
+      fail(r, i, "rank " + std::to_string(r) + " holds " + std::to_string(activations_[r]) +
+                     " forward outputs not yet sent, above eval_batch's bound of " +
+                     std::to_string(kEvalHeldOutputs));
+  }
+
   std::string waiting_for(int r) const {
     const Instruction& in = lists_[r][pc_[r]];
     if (in.op == Op::reduce_tied) return "waits for every rank to reach reduce_tied";
@@ -326,12 +358,13 @@ class Checker {
       const bool previous_elsewhere = stage > 0 && shape_.rank_of(stage - 1) != rank;
       for (int mb = 0; mb < shape_.num_micro_batches; ++mb) {
         const StageMicroBatch& c = cell(stage, mb);
-        const char* missing = !c.forwarded                       ? "forward"
-                              : !c.input_gradient_done           ? "backward"
-                              : !c.weight_gradient_done          ? "backward_weight"
-                              : next_elsewhere && !c.activation_sent ? "send_activation"
-                              : previous_elsewhere && !c.gradient_sent ? "send_gradient"
-                                                                   : nullptr;
+        const bool training = purpose_ == Purpose::training;
+        const char* missing = !c.forwarded                             ? "forward"
+                              : training && !c.input_gradient_done     ? "backward"
+                              : training && !c.weight_gradient_done    ? "backward_weight"
+                              : next_elsewhere && !c.activation_sent   ? "send_activation"
+                              : training && previous_elsewhere && !c.gradient_sent ? "send_gradient"
+                                                                         : nullptr;
         if (missing)
           throw UsageError("pipeline schedule check: rank " + std::to_string(rank) + " chunk " +
                            std::to_string(shape_.chunk_of(stage)) + " micro-batch " +
@@ -340,6 +373,7 @@ class Checker {
     }
   }
 
+  const Purpose purpose_;
   const std::optional<ScheduleKind> kind_;
   const PipelineShape shape_;
   const std::vector<std::vector<Instruction>>& lists_;
@@ -367,7 +401,8 @@ double ScheduleReport::bubble_fraction() const {
 
 namespace {
 
-ScheduleReport run_checker(std::optional<ScheduleKind> kind, const PipelineShape& shape,
+ScheduleReport run_checker(Purpose purpose, std::optional<ScheduleKind> kind,
+                           const PipelineShape& shape,
                            const std::vector<std::vector<Instruction>>& lists,
                            const InstructionCosts& costs) {
   ZS_REQUIRE(shape.num_stages >= 1 && shape.num_micro_batches >= 1 && shape.virtual_stages >= 1,
@@ -376,7 +411,7 @@ ScheduleReport run_checker(std::optional<ScheduleKind> kind, const PipelineShape
              shape.virtual_stages);
   ZS_REQUIRE(int(lists.size()) == shape.num_stages, "pipeline schedule check: got ",
              lists.size(), " lists, expected one per rank (num_stages ", shape.num_stages, ")");
-  return Checker(kind, shape, lists, costs).run();
+  return Checker(purpose, kind, shape, lists, costs).run();
 }
 
 }  // namespace
@@ -384,13 +419,19 @@ ScheduleReport run_checker(std::optional<ScheduleKind> kind, const PipelineShape
 ScheduleReport simulate_schedule(const PipelineShape& shape,
                                  const std::vector<std::vector<Instruction>>& lists,
                                  const InstructionCosts& costs) {
-  return run_checker(std::nullopt, shape, lists, costs);
+  return run_checker(Purpose::training, std::nullopt, shape, lists, costs);
 }
 
 ScheduleReport check_schedule(ScheduleKind kind, const PipelineShape& shape,
                               const std::vector<std::vector<Instruction>>& lists,
                               const InstructionCosts& costs) {
-  return run_checker(kind, shape, lists, costs);
+  return run_checker(Purpose::training, kind, shape, lists, costs);
+}
+
+ScheduleReport check_eval_schedule(const PipelineShape& shape,
+                                   const std::vector<std::vector<Instruction>>& lists,
+                                   const InstructionCosts& costs) {
+  return run_checker(Purpose::eval, std::nullopt, shape, lists, costs);
 }
 
 }  // namespace zeroshard::pipeline

@@ -42,4 +42,12 @@ ScheduleReport check_schedule(ScheduleKind kind, const PipelineShape& shape,
                               const std::vector<std::vector<Instruction>>& lists,
                               const InstructionCosts& costs = {});
 
+// eval_batch's lists (build_eval_schedules): simulate_schedule's rules for lists of loads,
+// activation receives, forwards and activation sends only, with no reductions at the end, each
+// micro-batch forwarded on every stage and sent on. Each rank holds at most one output not yet
+// sent (peak_activations counts those here; peak_graphs stays 0, nothing is kept for backward).
+ScheduleReport check_eval_schedule(const PipelineShape& shape,
+                                   const std::vector<std::vector<Instruction>>& lists,
+                                   const InstructionCosts& costs = {});
+
 }  // namespace zeroshard::pipeline

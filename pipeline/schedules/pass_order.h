@@ -20,6 +20,7 @@ using PassOrder = std::vector<Pass>;
 PassOrder gpipe_order(const PipelineShape& shape);                 // gpipe.cpp
 PassOrder one_f_one_b_order(const PipelineShape& shape, int rank);  // one_f_one_b.cpp, any v
 PassOrder zero_bubble_order(const PipelineShape& shape, int rank);  // zero_bubble.cpp
+PassOrder forward_only_order(const PipelineShape& shape);           // forward_only.cpp: eval
 
 // Beside each order, the most it holds on a rank (schedule.h's MemoryBound).
 MemoryBound gpipe_bound(const PipelineShape& shape);

@@ -98,6 +98,16 @@ void bind_pipeline(py::module_& root) {
         return py::make_tuple(to_rows(lists), report_dict(report));
       },
       py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("virtual_stages") = 1);
+  // eval_batch's lists for every rank (forwards only), proven runnable by the checker first, and
+  // its report at unit costs.
+  m.def(
+      "build_eval",
+      [](int stages, int micro_batches, int virtual_stages) {
+        const pipeline::PipelineShape shape{stages, micro_batches, virtual_stages};
+        const auto lists = pipeline::build_eval_schedules(shape);
+        return py::make_tuple(to_rows(lists), report_dict(pipeline::check_eval_schedule(shape, lists)));
+      },
+      py::arg("stages"), py::arg("micro_batches"), py::arg("virtual_stages") = 1);
   // Simulates lists (as build returns them) at the given per-instruction costs (the benchmark's
   // measured ones); raises where they are not runnable. No memory bound: build proved it.
   m.def(

@@ -1,9 +1,12 @@
-"""PipelineEngine.eval_batch: forward only. Micro-batch after micro-batch, each through every
-model chunk in order; with no backward to interleave there is nothing to schedule, and the
-chain of sends and receives cannot deadlock (each receive waits only on an earlier stage)."""
+"""PipelineEngine.eval_batch: forward only, each rank running its list from C++ (pipeline/schedule.h's
+build_eval_schedules, proven runnable there as the training schedules are): micro-batches in
+groups of p through the model chunks, so that with several chunks per rank every rank has work
+while a micro-batch goes round the others."""
 import torch
 
+from zeroshard.pipe.executor import receives_ahead, take_part
 from zeroshard.pipe.p2p import as_tuple
+from zeroshard.pipe.schedule import build_eval_schedule
 
 
 def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcast_loss, micro_batches):
@@ -15,40 +18,15 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     if reduce_output not in ("avg", None):
         raise ValueError(f"eval_batch: reduce_output {reduce_output!r}, expected 'avg' or None")
     module = engine.module
-    p, last = module.num_stages, module.num_global_stages - 1
+    lists = build_eval_schedule(module.num_stages, micro_batches, module.virtual_stages)
     was_training = module.training
     module.eval()
-    results, logits = [], None
+    run = EvalStep(engine, data_iter, compute_loss)
     try:
-        for mb in range(micro_batches):
-            batch = None
-            for chunk in range(module.virtual_stages):
-                stage = module.global_stage(chunk)
-                what = f"pipeline stage {stage} forward (eval) of micro-batch {mb}"
-                if stage == 0 or stage == last:
-                    with engine._stage_failure_reported(what):
-                        if batch is None and engine._needs_data():
-                            batch = engine._next_micro_batch(data_iter, mb)
-                if stage == 0:
-                    x = batch[0]
-                else:
-                    received = engine._links.receive("activation", stage, mb, engine._grid.stage_to_global((stage - 1) % p))
-                    x = received[0] if len(received) == 1 else received
-                with engine._stage_failure_reported(what):
-                    out = module(x, chunk=chunk)
-                    if stage == last:
-                        logits = out
-                        results.append(engine._loss_of(out, batch[1], mb) if compute_loss else out)
-                    else:
-                        engine._links.send(as_tuple(out, f"stage {stage} output"), "activation", stage + 1, mb,
-                                           engine._grid.stage_to_global((stage + 1) % p))
-        # The sends are done before the outputs' tensors may be reused. Here and in the
-        # reductions below, a rank that meets another stage's failure names it (the pipe and
-        # data-parallel communicators have no store of their own; see _named_by_world).
-        with engine._named_by_world("eval_batch's last sends"):
-            engine._links.finish()
+        run.run(lists[module.stage_id])
     finally:
         module.train(was_training)
+    results = [run.results[mb] for mb in sorted(run.results)]
     holds_last = module.stage_id == module.last_stage_rank
     if reduce_output is None:
         output = results if holds_last else None
@@ -56,8 +34,82 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
         with engine._named_by_world("eval_batch output and loss reductions"):
             output = _reduced(engine, results, holds_last, compute_loss and bcast_loss)
     if return_logits:
-        return output, (logits if holds_last else None)
+        return output, (run.logits if holds_last else None)
     return output
+
+
+class EvalStep:
+    """Runs one rank's eval_batch list: loads, activation receives, forwards, activation sends.
+    A load or forward that raises is reported through the world communicator first, so every
+    rank's error names the stage and the micro-batch."""
+
+    def __init__(self, engine, data_iter, compute_loss):
+        self.engine, self.module, self.links = engine, engine.module, engine._links
+        self.data_iter = data_iter if engine._needs_data() else None
+        self.compute_loss = compute_loss
+        self.last_stage = self.module.num_global_stages - 1
+        self.batches = {}   # mb -> (inputs, labels), this rank's parts
+        self.inputs = {}    # (mb, chunk) -> the received input, until its forward
+        self.outputs = {}   # (mb, chunk) -> the output, until sent on
+        self.posted = {}    # (mb, chunk) -> a receive started ahead of its instruction
+        self.results = {}   # mb -> the last stage's loss (or output, without compute_loss)
+        self.logits = None  # the last stage's output of the last micro-batch
+
+    def run(self, instructions):
+        handlers = {"load_micro_batch": self.load_micro_batch, "forward": self.forward,
+                    "send_activation": self.send_activation, "receive_activation": self.receive_activation}
+        ahead = receives_ahead(instructions) if self.links.posts_ahead else {}
+        for i, (op, mb, chunk, peer) in enumerate(instructions):
+            for j in ahead.get(i, ()):
+                _, ahead_mb, ahead_chunk, ahead_peer = instructions[j]
+                posted = self.links.post("activation", self.module.global_stage(ahead_chunk), ahead_mb,
+                                         self._peer(ahead_peer))
+                if posted is not None:
+                    self.posted[(ahead_mb, ahead_chunk)] = posted
+            handlers[op](mb, chunk, peer)
+        # The sends are done before the outputs' tensors may be reused. Here and in the
+        # reductions after, a rank that meets another stage's failure names it (the pipe and
+        # data-parallel communicators have no store of their own; see _named_by_world).
+        with self.engine._named_by_world("eval_batch's last sends"):
+            self.links.finish()
+
+    def _reported(self, mb, chunk):
+        stage = self.module.global_stage(chunk)
+        return self.engine._stage_failure_reported(f"pipeline stage {stage} forward (eval) of micro-batch {mb}")
+
+    def _peer(self, peer):
+        return self.engine._grid.stage_to_global(peer)
+
+    def load_micro_batch(self, mb, chunk, peer):
+        with self._reported(mb, chunk):
+            self.batches[mb] = list(self.engine._next_micro_batch(self.data_iter, mb))
+
+    def forward(self, mb, chunk, peer):
+        stage = self.module.global_stage(chunk)
+        with self._reported(mb, chunk):
+            if stage == 0:
+                x = self._take(mb, 0)
+            else:
+                received = self.inputs.pop((mb, chunk))
+                x = received[0] if len(received) == 1 else received
+            out = self.module(x, chunk=chunk)
+            if stage == self.last_stage:
+                self.logits = out
+                self.results[mb] = (self.engine._loss_of(out, self._take(mb, 1), mb) if self.compute_loss
+                                    else out)
+            else:
+                self.outputs[(mb, chunk)] = as_tuple(out, f"stage {stage} output")
+
+    def _take(self, mb, part):
+        return take_part(self.batches, mb, part)
+
+    def send_activation(self, mb, chunk, peer):
+        stage = self.module.global_stage(chunk)
+        self.links.send(self.outputs.pop((mb, chunk)), "activation", stage + 1, mb, self._peer(peer))
+
+    def receive_activation(self, mb, chunk, peer):
+        self.inputs[(mb, chunk)] = self.links.receive("activation", self.module.global_stage(chunk), mb,
+                                                      self._peer(peer), posted=self.posted.pop((mb, chunk), None))
 
 
 def _reduced(engine, results, holds_last, broadcast_loss):

@@ -53,7 +53,7 @@ class TrainStep:
             "receive_gradient": self.receive_gradient, "reduce_tied": self.reduce_tied,
             "reduce_data_parallel": self.reduce_data_parallel,
         }
-        ahead = _receives_ahead(instructions) if self.links.posts_ahead else {}
+        ahead = receives_ahead(instructions) if self.links.posts_ahead else {}
         timeline = self.engine._timeline  # a list when the benchmark records, else None
         observer = self.engine._observer if self.engine._observer.wants_instructions else None
         for i, (op, mb, chunk, peer) in enumerate(instructions):
@@ -86,13 +86,7 @@ class TrainStep:
             self.batches[mb] = list(self.engine._next_micro_batch(self.data_iter, mb))
 
     def _take(self, mb, part):
-        """The micro-batch's inputs (part 0, the first stage's) or labels (1, the last stage's);
-        each is used by one forward, so it is let go there."""
-        batch = self.batches[mb]
-        value, batch[part] = batch[part], None
-        if all(x is None for x in batch):
-            del self.batches[mb]
-        return value
+        return take_part(self.batches, mb, part)
 
     # ----- compute -----
     def forward(self, mb, chunk, peer):
@@ -239,10 +233,21 @@ class TrainStep:
             self.core.after_backward(True)
 
 
+def take_part(batches, mb, part):
+    """Micro-batch mb's inputs (part 0, the first stage's) or labels (1, the last stage's) from
+    batches (mb -> [inputs, labels], this rank's parts, None where another rank's); each is used by
+    one forward, so it is let go there, and the micro-batch once this rank has used all it holds."""
+    batch = batches[mb]
+    value, batch[part] = batch[part], None
+    if all(x is None for x in batch):
+        del batches[mb]
+    return value
+
+
 _COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 
 
-def _receives_ahead(instructions):
+def receives_ahead(instructions):
     """index of a compute instruction -> the receives between it and the next compute, which
     run() starts before that computation (their data arrives while it runs)."""
     ahead, current = {}, None

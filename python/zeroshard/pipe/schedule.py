@@ -1,6 +1,8 @@
 """The schedule the runtime runs (pipeline/schedule.cpp through _C.pipeline.build), with its
 refusals worded by the config key they are about, and the ZeRO stages a pipeline runs with: what
 the pipeline engine and the memory planner both ask."""
+import functools
+
 from zeroshard import _C
 
 
@@ -37,3 +39,14 @@ def _in_config_terms(message, gas, schedule):
     if argument == "num_micro_batches":
         return f"gradient_accumulation_steps: got {gas}, the schedule's micro-batches ({schedule}): {message}"
     return f"{_SCHEDULE_ARGS[argument]}: {rest}"
+
+
+@functools.lru_cache(maxsize=16)
+def build_eval_schedule(num_stages, micro_batches, virtual_stages):
+    """Every rank's eval_batch list (forwards only; pipeline/schedule.h's build_eval_schedules,
+    checked there), kept per shape: eval_batch runs again and again with the same one. A count
+    it refuses is a ValueError naming eval_batch's num_micro_batches."""
+    try:
+        return _C.pipeline.build_eval(num_stages, micro_batches, virtual_stages)[0]
+    except ValueError as error:
+        raise ValueError(f"eval_batch: {error}") from None
