@@ -21,8 +21,9 @@ rounds, +imbalance and +runtime differences of those medians. Deeper pipelines c
 2 cores: for 4 and 8 stages (where deeper than --stages) it prints the lists' simulated bubble at
 the measured costs; with a core per rank or more, --stages 4 times 4 stages. A SIGTERM (`timeout`)
 stops the runs and prints the tables of those that had finished. Beside the bubble, each schedule's
-rows give the compute share of a step for zeroshard and torch, and the main thread's involuntary
-context switches and minor page faults per step for every framework (bench/pipeline_probes.py).
+rows give the compute share of a step for zeroshard and torch, and per step for every framework the
+main thread's involuntary context switches, minor page faults and CPU time and the whole process's
+CPU time (bench/pipeline_probes.py).
 
     python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
                              [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--pin] [--dump FILE]
@@ -47,8 +48,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path first
 from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
-from pipeline_probes import (busy_shares, median_usage, pinned_cpus, run_usage, thread_usage,  # noqa: E402
-                             time_torch_compute)
+from pipeline_probes import (USAGE_FIELDS, busy_shares, median_usage, pinned_cpus, run_usage,  # noqa: E402
+                             thread_usage, time_torch_compute)
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
@@ -139,13 +140,16 @@ def config(m, schedule="1f1b", virtual=1):
 
 
 # ----- the three frameworks, one rank each (run by spawn) -----
-def zeroshard_rank(num_stages, m, steps, schedule, v):
+def zeroshard_engine(num_stages, m, schedule, v):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule
     net = PipelineModule([LayerSpec(cls, seed) for cls, seed in LAYER_SPECS], num_stages=num_stages, loss_fn=loss_fn,
                          partition_method="type:Block", virtual_stages=v)
-    engine, _, _, _ = zeroshard.initialize(model=net, config=config(m, schedule, v),
-                                           model_parameters=list(net.parameters()))
+    return zeroshard.initialize(model=net, config=config(m, schedule, v), model_parameters=list(net.parameters()))[0]
+
+
+def zeroshard_rank(num_stages, m, steps, schedule, v):
+    engine = zeroshard_engine(num_stages, m, schedule, v)
     micro = micro_batches(m)
     times, losses, timelines, usage = [], [], [], []
     for _ in range(steps + 1):
@@ -162,11 +166,10 @@ def zeroshard_rank(num_stages, m, steps, schedule, v):
             "usage": median_usage(usage[1:])}
 
 
-def torch_rank(num_stages, m, steps, schedule, v):
-    import torch.distributed as dist
+def torch_stages(num_stages, v):
+    """This rank's torch.distributed.pipelining stages: the blocks split evenly over num_stages x v
+    stages, the embedding on the first and the head on the last, stage s on rank s % num_stages."""
     from torch.distributed import pipelining as pp
-    rank = dist.get_rank()
-    x, y = data(m)
     layers = build_layers()  # all of them (small), so the seeds match; each rank keeps its stages'
     n = num_stages * v
     per = [1 + LAYERS // n if i == 0 else LAYERS // n for i in range(n)]
@@ -174,8 +177,16 @@ def torch_rank(num_stages, m, steps, schedule, v):
     bounds = [0]
     for c in per:
         bounds.append(bounds[-1] + c)
-    stages = [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
-              for s in range(rank, n, num_stages)]
+    return [pp.PipelineStage(torch.nn.Sequential(*layers[bounds[s]:bounds[s + 1]]), s, n, torch.device("cpu"))
+            for s in range(torch.distributed.get_rank(), n, num_stages)]
+
+
+def torch_rank(num_stages, m, steps, schedule, v):
+    import torch.distributed as dist
+    from torch.distributed import pipelining as pp
+    rank = dist.get_rank()
+    x, y = data(m)
+    stages = torch_stages(num_stages, v)
     opt = torch.optim.Adam([p for st in stages for p in st.submod.parameters()], lr=LR, eps=EPS)
     compute = time_torch_compute([st.submod for st in stages])
     cls = getattr(pp, TORCH_NAMES[schedule])
@@ -204,8 +215,8 @@ def torch_rank(num_stages, m, steps, schedule, v):
             "compute_s": statistics.median(computed[1:]), "usage": median_usage(usage[1:])}
 
 
-def deepspeed_rank(num_stages, m, steps):
-    """In DeepSpeed's own venv (run_deepspeed)."""
+def deepspeed_engine(num_stages, m):
+    """DeepSpeed's PipelineEngine on this model (in DeepSpeed's own venv: run_deepspeed)."""
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
     deepspeed.init_distributed(dist_backend="gloo")
@@ -213,7 +224,13 @@ def deepspeed_rank(num_stages, m, steps):
                          partition_method="type:Block")
     cfg = config(m)
     del cfg["pipeline"]
-    engine, _, _, _ = deepspeed.initialize(model=net, config=cfg, model_parameters=list(net.parameters()))
+    return deepspeed.initialize(model=net, config=cfg, model_parameters=list(net.parameters()))[0]
+
+
+def deepspeed_rank(num_stages, m, steps):
+    """In DeepSpeed's own venv (run_deepspeed)."""
+    import deepspeed
+    engine = deepspeed_engine(num_stages, m)
     micro = micro_batches(m)
     times, losses, usage = [], [], []
     for _ in range(steps + 1):
@@ -318,15 +335,17 @@ def _collect(procs, queue, timeout):
     return {"ranks": [results[r] for r in range(len(procs))]}
 
 
-def run_deepspeed(num_stages, m, steps, venv):
+def run_deepspeed(num_stages, m, steps, venv, module="pipeline", rank_fn="deepspeed_rank"):
+    """`module`.`rank_fn` (a bench script in this folder and its DeepSpeed rank) on spawned ranks,
+    run by DeepSpeed's venv's python."""
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         return {"error": f"not installed (no {python}; --deepspeed-venv names DeepSpeed's venv)"}
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import json\ntry:\n    import deepspeed\nexcept ImportError as e:\n"
             "    print('RESULT', json.dumps({'error': 'not installed in ' + %r + ': ' + str(e)}))\n    raise SystemExit\n"
-            "import pipeline as b\nprint('RESULT', json.dumps(b.spawn(b.deepspeed_rank, %d, %d, %d)))"
-            % (venv, num_stages, m, steps))
+            "import %s as b\nprint('RESULT', json.dumps(b.spawn(b.%s, %d, %d, %d)))"
+            % (venv, module, rank_fn, num_stages, m, steps))
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here)
     limit_s = RUN_TIMEOUT_S + 120
     # A session of its own, so a timeout kills the ranks it spawned too.
@@ -483,9 +502,9 @@ def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, 
                                      if outcome(run, samples, reference)[0]) if u]
              for framework in ["zeroshard"] + peers if (framework, schedule) in runs}
     if any(usage.values()):
-        print(f"{'':20}per step on a rank's main thread, mean over ranks (per round): involuntary context switches, "
-              "minor page faults: " + "; ".join(f"{framework} " + ", ".join(f"{a:.0f}/{b:.0f}" for a, b in values)
-                                                 for framework, values in usage.items() if values))
+        print(f"{'':20}per step, mean over ranks (per round): " + " / ".join(USAGE_FIELDS) + ": " + "; ".join(
+            f"{framework} " + ", ".join("/".join(f"{x:.0f}" for x in u) for u in values)
+            for framework, values in usage.items() if values))
     for peer in [p for p in peers if (p, schedule) in runs]:
         ratios = paired_ratios(runs["zeroshard", schedule], runs[peer, schedule], samples, reference)
         if ratios:

@@ -1,6 +1,7 @@
 """What bench/pipeline.py's ranks measure besides their step time, and its report's reductions of those
 (and --pin's choice of CPUs): torch's compute (its stage forwards and autograd calls, timed by
-wrapping them), each rank's main-thread preemptions and page faults per step, the compute share of a
+wrapping them), each rank's main-thread preemptions, page faults and CPU time per step and its
+process's CPU time, the compute share of a
 step for zeroshard (from its timestamped instructions) and torch, and the usage means over a run's
 ranks."""
 import os
@@ -36,17 +37,23 @@ def time_torch_compute(modules):
     return total
 
 
+USAGE_FIELDS = ("involuntary context switches", "minor page faults", "main-thread CPU ms", "process CPU ms")
+
+
 def thread_usage(since=None):
-    """(involuntary context switches, minor page faults) of this thread: the step's compute runs on
-    it, so preemption (another thread or process taking its core) and fresh pages show here.
-    With `since`, the counts since that reading."""
+    """USAGE_FIELDS of this rank: its main thread's involuntary context switches, minor page faults
+    and CPU time (the step's compute runs on it, so preemption, fresh pages and extra work show
+    here), and the CPU time of all its threads (Gloo's, the runtime's). A pass that takes longer
+    in wall time but not in CPU time waited off its core; one that takes more CPU time did more
+    work or ran slower on its core. With `since`, the counts since that reading."""
     u = resource.getrusage(resource.RUSAGE_THREAD)
-    now = (u.ru_nivcsw, u.ru_minflt)
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    now = (u.ru_nivcsw, u.ru_minflt, 1e3 * (u.ru_utime + u.ru_stime), 1e3 * (s.ru_utime + s.ru_stime))
     return now if since is None else tuple(a - b for a, b in zip(now, since))
 
 
 def median_usage(per_step):
-    return [statistics.median(x[i] for x in per_step) for i in range(2)] if per_step else None
+    return [statistics.median(x[i] for x in per_step) for i in range(len(USAGE_FIELDS))] if per_step else None
 
 
 def busy_shares(runs):
@@ -68,11 +75,11 @@ def busy_shares(runs):
 
 
 def run_usage(run):
-    """(involuntary context switches, minor faults) per step, means over the run's ranks, or None."""
+    """USAGE_FIELDS per step, means over the run's ranks, or None."""
     ranks = run.get("ranks") or []
     if not ranks or any(r.get("usage") is None for r in ranks):
         return None
-    return tuple(statistics.mean(r["usage"][i] for r in ranks) for i in range(2))
+    return tuple(statistics.mean(r["usage"][i] for r in ranks) for i in range(len(USAGE_FIELDS)))
 
 
 def pinned_cpus(ranks):
