@@ -50,7 +50,10 @@ struct StageMicroBatch {
 // What a set of lists is for: a training step's, or eval_batch's forwards only.
 enum class Purpose { training, eval };
 
-// eval_batch's bound: a forward's output waits for its send before the rank's next forward.
+// eval_batch's bound. Every forward costs the same, so in build_eval_schedules' placement all
+// ranks are between passes at once and each output is sent before its rank's next forward: one
+// unsent output at a time. A list that holds more (a hand-written one) would keep activations
+// alive that eval has no use for.
 constexpr int kEvalHeldOutputs = 1;
 
 class Checker {
@@ -270,9 +273,9 @@ class Checker {
           fail(r, i, "runs before receiving its activation");
         c.forwarded = true;
         if (purpose_ == Purpose::eval) {
-          // Its output is held until sent on; the last stage's is a result, not held here. (The
-          // next stage is always on another rank: chunks need several ranks.)
-          if (stage != last_stage_)
+          // An output for a stage on another rank is held until sent; the last stage's is a
+          // result, and one for this rank's next chunk is that chunk's input, not held here.
+          if (stage != last_stage_ && shape_.rank_of(stage + 1) != r)
             rank.peak_activations = std::max(rank.peak_activations, ++activations_[r]);
           check_eval_bound(r, i);
           break;
@@ -352,13 +355,13 @@ class Checker {
 
   // After a run without deadlock: every micro-batch went through every stage.
   void check_complete() {
+    const bool training = purpose_ == Purpose::training;
     for (int stage = 0; stage <= last_stage_; ++stage) {
       const int rank = shape_.rank_of(stage);
       const bool next_elsewhere = stage < last_stage_ && shape_.rank_of(stage + 1) != rank;
       const bool previous_elsewhere = stage > 0 && shape_.rank_of(stage - 1) != rank;
       for (int mb = 0; mb < shape_.num_micro_batches; ++mb) {
         const StageMicroBatch& c = cell(stage, mb);
-        const bool training = purpose_ == Purpose::training;
         const char* missing = !c.forwarded                             ? "forward"
                               : training && !c.input_gradient_done     ? "backward"
                               : training && !c.weight_gradient_done    ? "backward_weight"

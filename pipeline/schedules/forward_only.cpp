@@ -15,7 +15,8 @@ PassOrder forward_only_order(const PipelineShape& shape) {
   PassOrder order;
   for (int first = 0; first < m; first += p)
     for (int chunk = 0; chunk < shape.virtual_stages; ++chunk)
-      for (int mb = first; mb < std::min(first + p, m); ++mb) order.push_back({Op::forward, mb, chunk});
+      for (int mb = first; mb < std::min(first + p, m); ++mb)
+        order.push_back({Op::forward, mb, chunk});
   return order;
 }
 

@@ -5,7 +5,8 @@ the hidden states, reset_activation_shape before a longer sequence, pipeline.act
 interval from the config (the blocks really recompute), eval_batch's reduce_output and compute_
 loss forms, train_batch's loss on the device, and a partition by type that differs from the
 partition by parameters; and, at 2 data-parallel replicas, eval_batch(compute_loss=False)
-averaging floating outputs and naming an integer one (a mask) instead of averaging it."""
+averaging floating outputs and naming an integer one (a mask) instead of averaging it; eval_batch's
+order through two model chunks per rank (groups of micro-batches) and its refusal of 0 micro-batches."""
 import torch
 import torch.nn.functional as F
 
@@ -196,3 +197,42 @@ def test_a_tuple_with_a_mask_crosses_stages_in_nccls_matching_order_as_by_tag():
     by_tag = run_distributed(_tuple_boundary_worker, 2, False, timeout=120)
     in_order = run_distributed(_tuple_boundary_worker, 2, True, timeout=120)
     assert by_tag == in_order, (by_tag, in_order)
+
+
+def _eval_order_worker():
+    import zeroshard
+    from zeroshard.pipe import LayerSpec, PipelineModule
+    torch.manual_seed(0)
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(2)] + [LayerSpec(Head)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="uniform", virtual_stages=2)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
+              "pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    chunks, forward = [], net.forward
+
+    def recording(x, chunk=0):
+        chunks.append(chunk)
+        return forward(x, chunk=chunk)
+
+    net.forward = recording
+    data = [(s[:, :-1], s[:, 1:]) for s in _sequences(3, 6, seed=5)]
+    engine.eval_batch(iter(data), num_micro_batches=3)
+    out = {"chunks": chunks}
+    try:
+        engine.eval_batch(iter(data), num_micro_batches=0)
+        out["zero"] = None
+    except ValueError as error:
+        out["zero"] = str(error)
+    return out
+
+
+def test_eval_batch_runs_micro_batches_in_groups_through_the_chunks():
+    # 2 stages x 2 chunks, 3 micro-batches: each rank forwards micro-batches 0 and 1 through its
+    # chunk 0 while micro-batch 0 goes round to the other rank, then through chunk 1, then the
+    # short last group (micro-batch 2). One micro-batch through every chunk before the next
+    # (0, 1, 0, 1, ...) would leave a rank idle while its micro-batch is on the other.
+    for r in run_distributed(_eval_order_worker, 2, timeout=120):
+        assert r["chunks"] == [0, 0, 1, 1, 0, 1], r
+        assert r["zero"] == "eval_batch: num_micro_batches: got 0, expected >= 1", r

@@ -169,21 +169,25 @@ def test_a_backward_that_raises_ends_every_rank_naming_it(schedule, virtual):
     assert other["seconds"] < 30, other
 
 
-def _changing_shape():
+def _changing_shape(evaluating):
     from pipe_models import batches, rank_micro_batches
     engine = _engine(2)
     data = list(rank_micro_batches(batches(1, MICRO, GAS, 1), MICRO, GAS, 0))
     x, y = data[2]
     data[2] = (x[:, :-1], y[:, :-1])  # micro-batch 2 is one token shorter
     try:
-        engine.train_batch(iter(data))
+        if evaluating:  # as evaluating at another sequence length than training's, unannounced
+            engine.eval_batch(iter(data))
+        else:
+            engine.train_batch(iter(data))
     except BaseException as error:  # noqa: BLE001
         return {"type": type(error).__name__, "text": str(error) + "\n".join(getattr(error, "__notes__", []))}
     return {"type": None}
 
 
-def test_a_boundary_shape_that_changes_is_named():
-    results = run_distributed(_changing_shape, 2, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
+@pytest.mark.parametrize("evaluating", [False, True], ids=["train_batch", "eval_batch"])
+def test_a_boundary_shape_that_changes_is_named(evaluating):
+    results = run_distributed(_changing_shape, 2, evaluating, timeout=120, env={"ZEROSHARD_TIMEOUT": "1"})
     sender = results[0]
     assert sender["type"] == "ValueError", sender
     assert "output of stage 0 for micro-batch 2 is (float32[2, 7, 16])" in sender["text"], sender["text"]

@@ -362,7 +362,7 @@ class PipelineEngine(ZeroShardEngine):
         (None on other ranks)."""
         from zeroshard.pipe.evaluate import run_eval
         return run_eval(self, data_iter, return_logits, compute_loss, reduce_output, bcast_loss,
-                        num_micro_batches or self._gas)
+                        self._gas if num_micro_batches is None else num_micro_batches)
 
 
 def _to(part, device):

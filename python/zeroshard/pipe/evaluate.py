@@ -4,7 +4,7 @@ groups of p through the model chunks, so that with several chunks per rank every
 while a micro-batch goes round the others."""
 import torch
 
-from zeroshard.pipe.executor import receives_ahead, take_part
+from zeroshard.pipe.list_run import ListRun
 from zeroshard.pipe.p2p import as_tuple
 from zeroshard.pipe.schedule import build_eval_schedule
 
@@ -21,7 +21,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     lists = build_eval_schedule(module.num_stages, micro_batches, module.virtual_stages)
     was_training = module.training
     module.eval()
-    run = EvalStep(engine, data_iter, compute_loss)
+    run = EvalStep(engine, data_iter, compute_loss, micro_batches)
     try:
         run.run(lists[module.stage_id])
     finally:
@@ -38,55 +38,23 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
     return output
 
 
-class EvalStep:
-    """Runs one rank's eval_batch list: loads, activation receives, forwards, activation sends.
-    A load or forward that raises is reported through the world communicator first, so every
-    rank's error names the stage and the micro-batch."""
+class EvalStep(ListRun):
+    """Runs one rank's eval_batch list: loads, activation receives, forwards, activation sends."""
+    OPS = ("load_micro_batch", "forward", "send_activation", "receive_activation")
+    MODE = " (eval)"
 
-    def __init__(self, engine, data_iter, compute_loss):
-        self.engine, self.module, self.links = engine, engine.module, engine._links
-        self.data_iter = data_iter if engine._needs_data() else None
+    def __init__(self, engine, data_iter, compute_loss, micro_batches):
+        super().__init__(engine, data_iter if engine._needs_data() else None)
         self.compute_loss = compute_loss
-        self.last_stage = self.module.num_global_stages - 1
-        self.batches = {}   # mb -> (inputs, labels), this rank's parts
+        self.last_micro_batch = micro_batches - 1
         self.inputs = {}    # (mb, chunk) -> the received input, until its forward
         self.outputs = {}   # (mb, chunk) -> the output, until sent on
-        self.posted = {}    # (mb, chunk) -> a receive started ahead of its instruction
         self.results = {}   # mb -> the last stage's loss (or output, without compute_loss)
-        self.logits = None  # the last stage's output of the last micro-batch
-
-    def run(self, instructions):
-        handlers = {"load_micro_batch": self.load_micro_batch, "forward": self.forward,
-                    "send_activation": self.send_activation, "receive_activation": self.receive_activation}
-        ahead = receives_ahead(instructions) if self.links.posts_ahead else {}
-        for i, (op, mb, chunk, peer) in enumerate(instructions):
-            for j in ahead.get(i, ()):
-                _, ahead_mb, ahead_chunk, ahead_peer = instructions[j]
-                posted = self.links.post("activation", self.module.global_stage(ahead_chunk), ahead_mb,
-                                         self._peer(ahead_peer))
-                if posted is not None:
-                    self.posted[(ahead_mb, ahead_chunk)] = posted
-            handlers[op](mb, chunk, peer)
-        # The sends are done before the outputs' tensors may be reused. Here and in the
-        # reductions after, a rank that meets another stage's failure names it (the pipe and
-        # data-parallel communicators have no store of their own; see _named_by_world).
-        with self.engine._named_by_world("eval_batch's last sends"):
-            self.links.finish()
-
-    def _reported(self, mb, chunk):
-        stage = self.module.global_stage(chunk)
-        return self.engine._stage_failure_reported(f"pipeline stage {stage} forward (eval) of micro-batch {mb}")
-
-    def _peer(self, peer):
-        return self.engine._grid.stage_to_global(peer)
-
-    def load_micro_batch(self, mb, chunk, peer):
-        with self._reported(mb, chunk):
-            self.batches[mb] = list(self.engine._next_micro_batch(self.data_iter, mb))
+        self.logits = None  # the last stage's output of the last micro-batch (DeepSpeed's)
 
     def forward(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
-        with self._reported(mb, chunk):
+        with self._reported("forward", mb, chunk):
             if stage == 0:
                 x = self._take(mb, 0)
             else:
@@ -94,22 +62,22 @@ class EvalStep:
                 x = received[0] if len(received) == 1 else received
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:
-                self.logits = out
+                if mb == self.last_micro_batch:
+                    self.logits = out
                 self.results[mb] = (self.engine._loss_of(out, self._take(mb, 1), mb) if self.compute_loss
                                     else out)
             else:
                 self.outputs[(mb, chunk)] = as_tuple(out, f"stage {stage} output")
 
-    def _take(self, mb, part):
-        return take_part(self.batches, mb, part)
-
     def send_activation(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
-        self.links.send(self.outputs.pop((mb, chunk)), "activation", stage + 1, mb, self._peer(peer))
+        with self._reported("send_activation", mb, chunk):
+            self.links.send(self.outputs.pop((mb, chunk)), "activation", stage + 1, mb, self._peer(peer))
 
     def receive_activation(self, mb, chunk, peer):
-        self.inputs[(mb, chunk)] = self.links.receive("activation", self.module.global_stage(chunk), mb,
-                                                      self._peer(peer), posted=self.posted.pop((mb, chunk), None))
+        self.inputs[(mb, chunk)] = self.links.receive(
+            "activation", self.module.global_stage(chunk), mb, self._peer(peer),
+            posted=self.posted.pop(("receive_activation", mb, chunk), None))
 
 
 def _reduced(engine, results, holds_last, broadcast_loss):

@@ -1,12 +1,13 @@
 """Runs one rank's instruction list for one training step (the list comes from C++, built and
-checked there: pipeline/schedule.h). Each instruction is one method here; the state between
-them is per (micro-batch, model chunk): the stage's input, its output, and the gradients that
-arrive for the output or leave for the input. A compute instruction that raises is reported
-through the world communicator before it propagates, so every rank's error names the stage and
-the micro-batch (see PipelineEngine._stage_failure_reported)."""
+checked there: pipeline/schedule.h). Each instruction is one method here (what every list's run
+shares is in list_run.py); the state between them is per (micro-batch, model chunk): the stage's
+input, its output, and the gradients that arrive for the output or leave for the input. An
+instruction of this rank's own that raises is reported through the world communicator before it
+propagates, so every rank's error names the stage and the micro-batch (see
+PipelineEngine._stage_failure_reported)."""
 import torch
 
-from zeroshard import _C
+from zeroshard.pipe.list_run import ListRun
 from zeroshard.pipe.p2p import as_tuple
 from zeroshard.pipe.weight_pass import WeightPass, backward_input
 
@@ -25,68 +26,22 @@ def _copy_and_free(received):
     return copy
 
 
-class TrainStep:
+class TrainStep(ListRun):
+    OPS = ("load_micro_batch", "forward", "backward", "backward_input", "backward_weight", "send_activation",
+           "receive_activation", "send_gradient", "receive_gradient", "reduce_tied", "reduce_data_parallel")
+    AFTER_THE_LIST = ("optimizer_step",)  # the engine steps after the list, with the losses in hand
+    RECORDS = True
+
     def __init__(self, engine, data_iter):
-        self.engine = engine
-        self.module = engine.module
+        super().__init__(engine, data_iter)
         self.core = engine._core
-        self.links = engine._links
-        self.data_iter = data_iter
-        self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.gas = engine._gas
-        self.batches = {}
         self.inputs = {}      # (mb, chunk) -> tuple: the stage's input (received tensors are leaves)
         self.outputs = {}     # (mb, chunk) -> tuple of outputs; (scaled loss,) on the last stage
         self.out_grads = {}   # (mb, chunk) -> gradients received for the floating outputs
         self.in_grads = {}    # (mb, chunk) -> gradients of the floating inputs, to send
         self.weight_passes = {}  # (mb, chunk) -> zero bubble's W, left by its B
-        self.posted = {}      # (receive op, mb, chunk) -> a receive started ahead of its instruction
         self.losses = []
-
-    # ----- running -----
-    def run(self, instructions):
-        handlers = {
-            "load_micro_batch": self.load_micro_batch, "forward": self.forward,
-            "backward": self.backward, "backward_input": self.backward_input,
-            "backward_weight": self.backward_weight, "send_activation": self.send_activation,
-            "receive_activation": self.receive_activation, "send_gradient": self.send_gradient,
-            "receive_gradient": self.receive_gradient, "reduce_tied": self.reduce_tied,
-            "reduce_data_parallel": self.reduce_data_parallel,
-        }
-        ahead = receives_ahead(instructions) if self.links.posts_ahead else {}
-        timeline = self.engine._timeline  # a list when the benchmark records, else None
-        observer = self.engine._observer if self.engine._observer.wants_instructions else None
-        for i, (op, mb, chunk, peer) in enumerate(instructions):
-            for j in ahead.get(i, ()):
-                self._post(*instructions[j])
-            if op == "optimizer_step":
-                continue  # the engine steps after the list, with the losses in hand
-            if timeline is None and observer is None:
-                handlers[op](mb, chunk, peer)
-                continue
-            start = _C.trace.now_ns()
-            handlers[op](mb, chunk, peer)
-            end = _C.trace.now_ns()
-            if timeline is not None:
-                timeline.append((op, mb, chunk, start / 1e9, end / 1e9))
-            if observer is not None:
-                observer.instruction(op, mb, chunk, start, end)
-        self.links.finish()
-
-    def _reported(self, op, mb, chunk):
-        stage = self.module.global_stage(chunk)
-        return self.engine._stage_failure_reported(f"pipeline stage {stage} {op} of micro-batch {mb}")
-
-    def _peer(self, peer):
-        return self.engine._grid.stage_to_global(peer)
-
-    # ----- data -----
-    def load_micro_batch(self, mb, chunk, peer):
-        with self._reported("load_micro_batch", mb, chunk):
-            self.batches[mb] = list(self.engine._next_micro_batch(self.data_iter, mb))
-
-    def _take(self, mb, part):
-        return take_part(self.batches, mb, part)
 
     # ----- compute -----
     def forward(self, mb, chunk, peer):
@@ -193,19 +148,14 @@ class TrainStep:
             "gradient", stage + 1, mb, self._peer(peer), like=like,
             posted=self.posted.pop(("receive_gradient", mb, chunk), None))
 
-    def _post(self, op, mb, chunk, peer):
-        """Starts a later receive now, so that its data arrives while this rank computes; left to
-        its instruction when its layout is not known yet."""
-        stage = self.module.global_stage(chunk)
+    def _start_receive(self, op, mb, chunk, peer):
+        """A gradient's receive too, once this rank's forward has made the outputs it is for."""
         if op == "receive_activation":
-            posted = self.links.post("activation", stage, mb, self._peer(peer))
-        elif (mb, chunk) in self.outputs:
-            posted = self.links.post("gradient", stage + 1, mb, self._peer(peer),
-                                     like=_floating(self.outputs[(mb, chunk)]))
-        else:
-            posted = None
-        if posted is not None:
-            self.posted[(op, mb, chunk)] = posted
+            return super()._start_receive(op, mb, chunk, peer)
+        if (mb, chunk) not in self.outputs:
+            return None
+        return self.links.post("gradient", self.module.global_stage(chunk) + 1, mb, self._peer(peer),
+                               like=_floating(self.outputs[(mb, chunk)]))
 
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):
@@ -232,28 +182,3 @@ class TrainStep:
             self.core.before_backward(True)
             self.core.after_backward(True)
 
-
-def take_part(batches, mb, part):
-    """Micro-batch mb's inputs (part 0, the first stage's) or labels (1, the last stage's) from
-    batches (mb -> [inputs, labels], this rank's parts, None where another rank's); each is used by
-    one forward, so it is let go there, and the micro-batch once this rank has used all it holds."""
-    batch = batches[mb]
-    value, batch[part] = batch[part], None
-    if all(x is None for x in batch):
-        del batches[mb]
-    return value
-
-
-_COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
-
-
-def receives_ahead(instructions):
-    """index of a compute instruction -> the receives between it and the next compute, which
-    run() starts before that computation (their data arrives while it runs)."""
-    ahead, current = {}, None
-    for i, (op, *_rest) in enumerate(instructions):
-        if op in _COMPUTE:
-            current = i
-        elif op.startswith("receive_") and current is not None:
-            ahead.setdefault(current, []).append(i)
-    return ahead

@@ -1,6 +1,7 @@
 // Pipeline schedules (pipeline/schedule.cpp, pipeline/schedules/): every schedule at every size
 // passes the checker and holds the papers' memory and bubble numbers; the memory bounds, the
-// loads, the argument errors, and the schedule names, which the config must accept exactly.
+// loads, the argument errors, and the schedule names, which the config must accept exactly; and
+// eval_batch's forward-only lists at every size.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -278,4 +279,55 @@ TEST_CASE("the config accepts exactly the schedules pipeline/ knows") {
     allowed.insert(error.substr(open + 1, close - open - 1));
   }
   REQUIRE(allowed == std::set<std::string>(schedule_names().begin(), schedule_names().end()));
+}
+
+TEST_CASE("eval lists: every shape passes, forwards only, one unsent output, a full pipeline") {
+  // Any number of micro-batches, also with chunks (training's interleaved order wants m % p == 0).
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 32; ++m)
+      for (int v = 1; v <= (p > 1 ? 4 : 1); ++v) {
+        const PipelineShape shape{p, m, v};
+        CAPTURE(p, m, v);
+        const auto lists = build_eval_schedules(shape);
+        const ScheduleReport report = check_eval_schedule(shape, lists);
+        for (int r = 0; r < p; ++r) {
+          CAPTURE(r);
+          const auto& list = lists[r];
+          REQUIRE(std::count_if(list.begin(), list.end(),
+                                [](const Instruction& i) { return i.op == Op::forward; }) == m * v);
+          for (const Instruction& in : list)
+            REQUIRE((in.op == Op::load_micro_batch || in.op == Op::forward ||
+                     in.op == Op::send_activation || in.op == Op::receive_activation));
+          // Every rank but the one holding only the last stage has outputs to send, one at a time.
+          const bool sends = v > 1 || r < p - 1;
+          REQUIRE(report.ranks[r].peak_activations == (sends ? 1 : 0));
+          REQUIRE(report.ranks[r].peak_graphs == 0);
+        }
+        // Unit-cost forwards: the first micro-batch reaches rank p-1 after p-1 of them, and from
+        // then on no rank waits when the groups are full, so (p-1)/(vm+p-1). A short last group
+        // waits for its first micro-batch to come round.
+        const double full = double(p - 1) / (v * m + p - 1);
+        if (v == 1 || m % p == 0) {
+          REQUIRE(report.bubble_fraction() == Approx(full).margin(1e-12));
+        } else {
+          REQUIRE(report.bubble_fraction() > full);
+        }
+      }
+}
+
+TEST_CASE("eval lists: micro-batches go through the chunks in groups of p") {
+  const auto lists = build_eval_schedules({2, 3, 2});
+  std::vector<std::pair<int, int>> forwards;  // rank 0's (micro-batch, chunk)
+  for (const Instruction& in : lists[0])
+    if (in.op == Op::forward) forwards.emplace_back(in.micro_batch, in.chunk);
+  const std::vector<std::pair<int, int>> groups_of_two = {{0, 0}, {1, 0}, {0, 1},
+                                                          {1, 1}, {2, 0}, {2, 1}};
+  REQUIRE(forwards == groups_of_two);
+}
+
+TEST_CASE("eval lists: bad shapes name the argument") {
+  REQUIRE_THROWS_WITH(build_eval_schedules({2, 0, 1}),
+                      Catch::Matchers::Contains("num_micro_batches: got 0, expected >= 1"));
+  REQUIRE_THROWS_WITH(build_eval_schedules({1, 4, 2}),
+                      Catch::Matchers::Contains("virtual_stages: got 2 with num_stages 1"));
 }

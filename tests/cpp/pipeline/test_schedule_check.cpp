@@ -1,6 +1,7 @@
 // The checker (pipeline/schedule_check.cpp): it measures what each rank holds and how long the
 // step takes, holds the lists to their schedule's memory bound and to what the Python executor
-// reads, and names where a broken list goes wrong: deadlocks, mismatched transfers, order.
+// reads, and names where a broken list goes wrong: deadlocks, mismatched transfers, order; and
+// eval_batch's lists to forwards only and one unsent output per rank.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -67,6 +68,11 @@ Lists hand_1f1b() {
       {receive_activation(0, 0), load(0), forward(0), backward(0), receive_activation(1, 0),
        send_gradient(0, 0), load(1), forward(1), backward(1), send_gradient(1, 0)},
   });
+}
+
+// check_eval_schedule's error for `lists`, which must contain `text`.
+void require_refused(const PipelineShape& shape, const Lists& lists, const std::string& text) {
+  REQUIRE_THROWS_WITH(check_eval_schedule(shape, lists), Catch::Contains(text));
 }
 
 }  // namespace
@@ -274,5 +280,42 @@ TEST_CASE("the checker holds the lists to what the executor reads") {
     REQUIRE_NOTHROW(check_schedule(row.kind, row.shape, lists));
     row.mutate(lists);
     REQUIRE_THROWS_WITH(check_schedule(row.kind, row.shape, lists), Catch::Contains(row.error));
+  }
+}
+
+TEST_CASE("the eval checker refuses what eval_batch cannot run") {
+  const PipelineShape shape{2, 2, 1};
+  const Lists good = {{load(0), forward(0), send_activation(0, 1), load(1), forward(1),
+                       send_activation(1, 1)},
+                      {receive_activation(0, 0), load(0), forward(0), receive_activation(1, 0),
+                       load(1), forward(1)}};
+  REQUIRE(check_eval_schedule(shape, good).ranks[0].peak_activations == 1);
+
+  SECTION("a backward") {
+    Lists lists = good;
+    lists[1].push_back(backward(1));
+    require_refused(shape, lists,
+                    "rank 1 instruction 6 (backward micro-batch 1 chunk 0): eval_batch runs "
+                    "loads, forwards and activation transfers only");
+  }
+  SECTION("a training step's tail") {
+    Lists lists = good;
+    for (auto& list : lists)
+      for (Op op : {Op::reduce_tied, Op::reduce_data_parallel, Op::optimizer_step})
+        list.push_back({op});
+    require_refused(shape, lists, "(reduce_tied): eval_batch runs loads, forwards and activation");
+  }
+  SECTION("an output never sent") {
+    require_refused(shape, {{load(0), forward(0), send_activation(0, 1), load(1), forward(1)},
+                            {receive_activation(0, 0), load(0), forward(0), load(1)}},
+                    "rank 0 chunk 0 micro-batch 1: no send_activation");
+  }
+  SECTION("two outputs held before their sends") {
+    require_refused(shape, {{load(0), forward(0), load(1), forward(1), send_activation(0, 1),
+                             send_activation(1, 1)},
+                            {receive_activation(0, 0), load(0), forward(0),
+                             receive_activation(1, 0), load(1), forward(1)}},
+                    "rank 0 instruction 3 (forward micro-batch 1 chunk 0): rank 0 holds 2 forward "
+                    "outputs not yet sent, above eval_batch's bound of 1");
   }
 }
