@@ -26,23 +26,18 @@ main thread's involuntary context switches, minor page faults and CPU time and t
 CPU time (bench/pipeline_probes.py).
 
     python bench/pipeline.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3] [--schedules gpipe,1f1b,...]
-                             [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--pin] [--dump FILE]
+                             [--no-peers] [--deepspeed-venv /tmp/ds-venv] [--pin] [--malloc-as-is] [--dump FILE]
 """
 import argparse
-import contextlib
 import json
 import math
 import os
-import queue as queue_module
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
-import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -50,6 +45,8 @@ from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path fir
 from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
 from pipeline_probes import (USAGE_FIELDS, busy_shares, median_usage, pinned_cpus, run_usage,  # noqa: E402
                              thread_usage, time_torch_compute)
+from pipeline_procs import (MALLOC_ENV, PIN_ENV, Stopped, _reason, _stop, own_process_group,  # noqa: E402
+                            run_deepspeed, spawn)
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
@@ -60,9 +57,6 @@ LOSS_RTOL = 1e-5      # fp32, same weights and data: only summation order differ
 # second step's loss sees a gradient's size, not only its sign (bench/RESULTS.md, "Do the peers
 # train the same weights?").
 LR, EPS = 0.1, 1.0
-PIN_ENV = "ZS_BENCH_PIN"  # --pin's CPUs in rank order ("0,2"); the ranks' processes (DeepSpeed's venv too) inherit it
-RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
-PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 
 
 # ----- the model: every layer seeded by its index, so any framework builds the same weights -----
@@ -227,6 +221,7 @@ def deepspeed_engine(num_stages, m):
     return deepspeed.initialize(model=net, config=cfg, model_parameters=list(net.parameters()))[0]
 
 
+@own_process_group
 def deepspeed_rank(num_stages, m, steps):
     """In DeepSpeed's own venv (run_deepspeed)."""
     import deepspeed
@@ -241,130 +236,6 @@ def deepspeed_rank(num_stages, m, steps):
         usage.append(thread_usage(u0))
     return {"step_s": statistics.median(times[1:]), "losses": losses[:2], "version": deepspeed.__version__,
             "usage": median_usage(usage[1:])}
-
-
-# ----- processes -----
-class Stopped(Exception):
-    """SIGTERM (e.g. from `timeout`) reached the bench: it stops and reports the runs that finished."""
-
-
-def _stop(signum, frame):
-    raise Stopped()
-
-
-def _reason(error):
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
-
-
-def _entry(fn, rank, world, port, args, queue):
-    try:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        torch.set_num_threads(1)
-        if os.environ.get(PIN_ENV):  # --pin: every framework's rank r on the same CPU
-            os.sched_setaffinity(0, {int(os.environ[PIN_ENV].split(",")[rank])})
-        import torch.distributed as dist
-        if fn is not deepspeed_rank:
-            dist.init_process_group("gloo", rank=rank, world_size=world)
-        result = (True, fn(*args))
-    except BaseException as error:  # noqa: BLE001 - spawn reports it, naming the rank
-        result = (False, _reason(error))
-    queue.put((rank, *result))
-
-
-def spawn(fn, world, *args, timeout=RUN_TIMEOUT_S):
-    """fn(world, *args) on `world` ranks, one process each. Returns {"ranks": [rank 0's result, ...]} or
-    {"error": why}: a rank raised (its exception), died without a result (its exit code), or did not
-    finish within `timeout` seconds (a hang)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, (world, *args), queue)) for r in range(world)]
-    try:
-        for proc in procs:
-            proc.start()
-        return _collect(procs, queue, timeout)
-    finally:  # also when the bench itself is stopped (Stopped): no rank outlives it
-        for proc in procs:
-            if proc.pid is not None and proc.is_alive():
-                proc.kill()
-        for proc in procs:
-            if proc.pid is not None:
-                proc.join()
-
-
-def _collect(procs, queue, timeout):
-    results, errors = {}, {}
-    deadline = time.monotonic() + timeout
-
-    def receive(wait_s):
-        rank, ok, value = queue.get(timeout=wait_s)
-        (results if ok else errors)[rank] = value
-        return ok
-
-    while len(results) + len(errors) < len(procs):
-        try:
-            if not receive(1.0):
-                # Its peer is likely blocked on it until Gloo's own (30 min) timeout.
-                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
-            continue
-        except queue_module.Empty:
-            pass
-        for r, p in enumerate(procs):
-            if r in results or r in errors or p.is_alive():
-                continue
-            try:  # a result put just before exiting may still be in the pipe
-                while True:
-                    receive(0.5)
-            except queue_module.Empty:
-                pass
-            if r not in results and r not in errors:
-                errors[r] = f"exited with code {p.exitcode} before reporting a result"
-                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
-        if time.monotonic() > deadline:
-            for r in range(len(procs)):
-                if r not in results and r not in errors:
-                    errors[r] = (f"killed {PEER_GRACE_S} s after its peer failed" if errors
-                                 else f"did not finish within {timeout} s (a hang)")
-            break
-    if errors:
-        return {"error": "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))}
-    return {"ranks": [results[r] for r in range(len(procs))]}
-
-
-def run_deepspeed(num_stages, m, steps, venv, module="pipeline", rank_fn="deepspeed_rank"):
-    """`module`.`rank_fn` (a bench script in this folder and its DeepSpeed rank) on spawned ranks,
-    run by DeepSpeed's venv's python."""
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        return {"error": f"not installed (no {python}; --deepspeed-venv names DeepSpeed's venv)"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import json\ntry:\n    import deepspeed\nexcept ImportError as e:\n"
-            "    print('RESULT', json.dumps({'error': 'not installed in ' + %r + ': ' + str(e)}))\n    raise SystemExit\n"
-            "import %s as b\nprint('RESULT', json.dumps(b.spawn(b.%s, %d, %d, %d)))"
-            % (venv, module, rank_fn, num_stages, m, steps))
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=here)
-    limit_s = RUN_TIMEOUT_S + 120
-    # A session of its own, so a timeout kills the ranks it spawned too.
-    proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"error": f"did not finish within {limit_s} s (killed)"}
-    except Stopped:
-        with contextlib.suppress(ProcessLookupError):  # its group may be gone already
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": f"exited with code {proc.returncode}: " + (err.strip().splitlines() or ["no output"])[-1][:200]}
 
 
 # ----- report -----
@@ -526,6 +397,9 @@ def main():
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv", help="a venv with DeepSpeed installed")
     parser.add_argument("--pin", action="store_true", help="pin every framework's rank r to the same CPU: one per "
                         "physical core among this process's CPUs, spread evenly; refused when ranks exceed cores")
+    parser.add_argument("--malloc-as-is", action="store_true", help="leave glibc's mmap and trim thresholds to "
+                        "each rank process's allocation history (default: the same fixed ones in every framework's "
+                        "ranks, pipeline_procs.MALLOC_ENV)")
     parser.add_argument("--dump", metavar="FILE", help="also write zeroshard's per-rank timelines and step times, "
                         "per schedule and round, as JSON (for reading the bubble offline)")
     args = parser.parse_args()
@@ -550,6 +424,8 @@ def main():
         os.environ[PIN_ENV] = ",".join(map(str, pinned))
     if args.dump and not os.access(os.path.dirname(os.path.abspath(args.dump)), os.W_OK):
         raise SystemExit(f"--dump: cannot write into the folder of {args.dump}")
+    if not args.malloc_as_is:
+        os.environ.update(MALLOC_ENV)  # the ranks, spawned fresh, start with it
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
     signal.signal(signal.SIGTERM, _stop)
@@ -566,7 +442,10 @@ def main():
     print(f"GPT: {LAYERS} blocks, d_model {D}, seq {SEQ}, micro-batch {MICRO}, {m} micro-batches per step, "
           f"{num_stages} stages (one process, one thread each; {len(os.sched_getaffinity(0))} CPUs), fp32, Gloo; "
           f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating"
-          + (f"; ranks pinned to CPUs {', '.join(map(str, pinned))} in rank order" if args.pin else "; not pinned"))
+          + (f"; ranks pinned to CPUs {', '.join(map(str, pinned))} in rank order" if args.pin else "; not pinned")
+          + ("; glibc's malloc thresholds as each process's history sets them" if args.malloc_as_is else
+             "; glibc's malloc thresholds fixed alike in every rank (" +
+             ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")"))
     if stopped:
         print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
     print(f"verified: each run's first- and second-step losses (the untimed warm-up, then after one Adam "

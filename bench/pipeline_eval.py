@@ -8,16 +8,18 @@ a warm-up one; the frameworks alternate within each round, and zeroshard's rate 
 is paired by round (bench/pipeline.py says why).
 
     python bench/pipeline_eval.py [--stages 2] [--micro-batches 8] [--steps 5] [--rounds 3]
-                                  [--deepspeed-venv /tmp/ds-venv]
+                                  [--deepspeed-venv /tmp/ds-venv] [--malloc-as-is]
 """
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
 from pipeline import (LAYERS, LOSS_RTOL, MICRO, TORCH_NAMES, data, deepspeed_engine, loss_fn, micro_batches,
-                      reference_loss, run_deepspeed, spawn, torch_stages, zeroshard_engine)
+                      reference_loss, torch_stages, zeroshard_engine)
+from pipeline_procs import MALLOC_ENV, own_process_group, run_deepspeed, spawn
 
 SCHEDULES = [("1f1b", 1), ("interleaved_1f1b", 2)]
 
@@ -61,6 +63,7 @@ def torch_rank(num_stages, m, steps, schedule, v):
     return _timed(call, steps)
 
 
+@own_process_group
 def deepspeed_rank(num_stages, m, steps):
     """In DeepSpeed's own venv (run_deepspeed)."""
     engine = deepspeed_engine(num_stages, m)
@@ -85,11 +88,14 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="timed eval_batch calls, after one warm-up call")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--deepspeed-venv", default="/tmp/ds-venv")
+    parser.add_argument("--malloc-as-is", action="store_true", help="as in bench/pipeline.py")
     args = parser.parse_args()
     if args.stages not in (2, 4) or args.steps < 1 or args.rounds < 1:
         raise SystemExit("--stages 2 or 4, --steps >= 1, --rounds >= 1")
     p, m = args.stages, args.micro_batches
     torch.set_num_threads(1)
+    if not args.malloc_as_is:
+        os.environ.update(MALLOC_ENV)
     reference = reference_loss(m)[0]  # the loss before any step: what eval computes
     samples = m * MICRO
     runs = {}
@@ -103,7 +109,8 @@ def main():
     from zeroshard import _C
     print(f"eval_batch: GPT of {LAYERS} blocks, micro-batch {MICRO}, {m} micro-batches, {p} stages (one process, "
           f"one thread each), fp32, Gloo; {args.steps} timed calls after a warm-up; {args.rounds} round(s), "
-          f"alternating; losses checked against one process's {reference:.7f} (relative {LOSS_RTOL:g})")
+          f"alternating; losses checked against one process's {reference:.7f} (relative {LOSS_RTOL:g}); glibc's malloc "
+          f"thresholds {'as each process sets them' if args.malloc_as_is else 'fixed alike in every rank'}")
     for schedule, v in SCHEDULES:
         unit = _C.pipeline.build_eval(p, m, v)[1]["bubble_fraction"]
         print(f"{schedule} (v={v}; zeroshard's list at unit costs: bubble {unit:.3f})")
