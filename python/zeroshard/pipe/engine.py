@@ -35,7 +35,7 @@ class PipelineEngine(ZeroShardEngine):
         # Point-to-point goes over the world (global ranks), whose communicator has the store:
         # a stage's failure is published there and named in every rank's error.
         self._world_comm = new_comm()
-        self._links = StageLinks(self._world_comm, self.device)
+        self._links = StageLinks(self._world_comm, self.device, dynamic_shape=self.module.dynamic_shape)
         # The gradient norm (clipping, fp16 overflow) covers every stage.
         self._pipe_comm = new_comm(self._grid.get_pipe_parallel_group()) if self.module.num_stages > 1 else None
         if self._pipe_comm is not None:

@@ -87,9 +87,9 @@ class PipelineModule(torch.nn.Module):
         super().__init__()
         if num_stages is None and topology is None:
             raise ValueError("PipelineModule: give num_stages or topology")
-        if dynamic_shape:
-            raise ValueError("PipelineModule: dynamic_shape=True is not supported; stage boundary "
-                             "shapes are agreed at the first micro-batch and checked after")
+        # True: the shapes crossing stage boundaries may change between micro-batches; each
+        # activation's layout is sent with it (pipe/p2p.py's StageLinks), as DeepSpeed's does.
+        self.dynamic_shape = bool(dynamic_shape)
         init_distributed()
         world, rank = dist.get_world_size(), dist.get_rank()
         if topology is None:

@@ -45,6 +45,7 @@ class StageLinks:
     """The sender describes what crosses each boundary (a tensor or a tuple) once, at the first
     micro-batch; both sides keep that layout, and a later micro-batch whose tensors differ is an
     error naming the stage, the micro-batch and both layouts instead of a receive of the wrong size.
+    With dynamic_shape the sender describes every activation instead, and nothing is checked.
 
     Sends return at once (the backend's thread moves the data while the stage computes); a rank
     keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
@@ -58,9 +59,13 @@ class StageLinks:
     one tag and receives wait for their instruction. The setting can be turned on over Gloo, which
     then matches in issue order too (tests/python/test_pipe_parity.py runs NCCL's order that way)."""
 
-    def __init__(self, comm, device):
+    def __init__(self, comm, device, dynamic_shape=False):
         self._comm = comm
         self._device = device
+        # DeepSpeed's PipelineModule(dynamic_shape=True): each activation's layout is sent with
+        # it, so the shapes may change from micro-batch to micro-batch (variable sequence lengths
+        # or batch sizes); nothing is agreed, a receive waits for its layout first.
+        self.dynamic_shape = dynamic_shape
         self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
         self._sending = []  # [(works, tensors)] per message in flight, oldest first
         self._backend = comm.backend
@@ -81,18 +86,10 @@ class StageLinks:
         """tensors: the activation entering global stage `stage`, or the gradient leaving it
         (sent back to stage - 1), to global rank `peer`. Returns once the transfers are issued."""
         layout = _layout(tensors)
-        key = (kind, stage)
-        if key not in self._agreed:
-            if kind == "activation":
-                self._send_layout(layout, stage, micro_batch, peer)
-            self._agreed[key] = (layout, micro_batch)
-        agreed, first = self._agreed[key]
-        if layout != agreed:
-            side = f"output of stage {stage - 1}" if kind == "activation" else f"input gradient of stage {stage}"
-            raise ValueError(f"pipeline: the {side} for micro-batch {micro_batch} is {_show(layout)}, "
-                             f"but micro-batch {first} agreed {_show(agreed)}; the tensors crossing a "
-                             "stage boundary must keep their dtypes and shapes for the whole run "
-                             "(pad variable-length batches to one length)")
+        if not self.dynamic_shape:
+            self._agree(layout, kind, stage, micro_batch, peer)
+        elif kind == "activation":  # a gradient's layout is its outputs', which the receiver holds
+            self._send_layout(layout, stage, micro_batch, peer)
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
         works, kept = [], []
         for i, t in enumerate(tensors):
@@ -104,6 +101,23 @@ class StageLinks:
         while len(self._sending) > SENDS_IN_FLIGHT:
             for work in self._sending.pop(0)[0]:
                 work.wait()
+
+    def _agree(self, layout, kind, stage, micro_batch, peer):
+        """The boundary's layout from its first micro-batch on (sent to the receiver once, for an
+        activation); a later one that differs is an error naming both."""
+        key = (kind, stage)
+        if key not in self._agreed:
+            if kind == "activation":
+                self._send_layout(layout, stage, micro_batch, peer)
+            self._agreed[key] = (layout, micro_batch)
+        agreed, first = self._agreed[key]
+        if layout != agreed:
+            side = f"output of stage {stage - 1}" if kind == "activation" else f"input gradient of stage {stage}"
+            raise ValueError(f"pipeline: the {side} for micro-batch {micro_batch} is {_show(layout)}, "
+                             f"but micro-batch {first} agreed {_show(agreed)}; the tensors crossing a "
+                             "stage boundary keep their dtypes and shapes for the whole run unless the "
+                             "PipelineModule has dynamic_shape=True (or pad variable-length batches to one "
+                             "length, or call reset_activation_shape() on every rank between steps)")
 
     def forget_layouts(self):
         """The boundary layouts are agreed again at the next micro-batch (every rank calls it
@@ -122,17 +136,17 @@ class StageLinks:
             for work in works:
                 work.wait()
 
-    def post(self, kind, stage, micro_batch, peer, like=None):
+    def post(self, kind, stage, micro_batch, peer, like=None, layout=None):
         """Starts receiving the activation entering `stage`, or the gradient for the tensors
         `like` (this stage's outputs); None when the activation's layout is not known yet (its
-        first micro-batch receives it at the instruction)."""
-        key = (kind, stage)
-        if kind == "activation":
-            if key not in self._agreed:
+        first micro-batch receives it at the instruction, and with dynamic_shape every one)."""
+        if layout is None:
+            if kind == "gradient":
+                layout = _layout(like)
+            elif self.dynamic_shape or (kind, stage) not in self._agreed:
                 return None
-            layout = self._agreed[key][0]
-        else:
-            layout = _layout(like)
+            else:
+                layout = self._agreed[(kind, stage)][0]
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
         tensors, works = [], []
         for i, (dtype, shape) in enumerate(layout):
@@ -147,9 +161,12 @@ class StageLinks:
         """The tensors of a receive posted earlier, or received now."""
         if posted is None:
             key = (kind, stage)
-            if kind == "activation" and key not in self._agreed:
+            layout = None
+            if kind == "activation" and self.dynamic_shape:
+                layout = self._receive_layout(stage, micro_batch, peer)
+            elif kind == "activation" and key not in self._agreed:
                 self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
-            posted = self.post(kind, stage, micro_batch, peer, like)
+            posted = self.post(kind, stage, micro_batch, peer, like, layout)
         return posted.wait()
 
     def _send_layout(self, layout, stage, micro_batch, peer):
