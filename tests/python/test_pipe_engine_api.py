@@ -6,10 +6,8 @@ interval from the config (the blocks really recompute), eval_batch's reduce_outp
 loss forms, train_batch's loss on the device, and a partition by type that differs from the
 partition by parameters; and, at 2 data-parallel replicas, eval_batch(compute_loss=False)
 averaging floating outputs and naming an integer one (a mask) instead of averaging it; eval_batch's
-order through two model chunks per rank (groups of micro-batches) and its refusal of 0 micro-batches;
-PipelineModule(dynamic_shape=True) with micro-batches whose rows and length change, against one
-process, in every schedule but gpipe."""
-import pytest
+order through two model chunks per rank (groups of micro-batches) and its refusal of 0 micro-batches.
+(PipelineModule(dynamic_shape=True): test_pipe_dynamic_shape.py.)"""
 import torch
 import torch.nn.functional as F
 
@@ -239,52 +237,3 @@ def test_eval_batch_runs_micro_batches_in_groups_through_the_chunks():
     for r in run_distributed(_eval_order_worker, 2, timeout=120):
         assert r["chunks"] == [0, 0, 1, 1, 0, 1], r
         assert r["zero"] == "eval_batch: num_micro_batches: got 0, expected >= 1", r
-
-
-def _dynamic_shape_worker(schedule, virtual, in_order):
-    import zeroshard
-    from zeroshard.pipe import PipelineModule
-    from pipe_models import VOCAB as V, Reference, layer_specs, loss_fn
-    specs = layer_specs(4)
-    # As DeepSpeed's variable batch size and sequence length example builds its pipeline.
-    net = PipelineModule(layers=specs, num_stages=2, loss_fn=loss_fn, seed_layers=True, partition_method="uniform",
-                         virtual_stages=virtual, dynamic_shape=True)
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}, "steps_per_print": 1000,
-              "pipeline": {"schedule": schedule, "virtual_stages": virtual}}
-    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
-                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
-    engine._links.matches_in_order = in_order  # NCCL's matching order, over Gloo
-    g = torch.Generator().manual_seed(9)
-    shapes = [(2, 8), (2, 5), (1, 7), (2, 3)]  # rows and tokens change from micro-batch to micro-batch
-    steps = [[torch.randint(0, V, (rows, seq + 1), generator=g) for rows, seq in shapes] for _ in range(3)]
-    steps = [[(t[:, :-1], t[:, 1:]) for t in step] for step in steps]
-    losses = [float(engine.train_batch(iter(step))) for step in steps]
-    evaluated = float(engine.eval_batch(iter(steps[0])))
-
-    ref = Reference(specs)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
-    ref_losses = []
-    for step in steps:
-        opt.zero_grad()
-        loss = sum(loss_fn(ref(x), y) for x, y in step) / len(step)
-        loss.backward()
-        opt.step()
-        ref_losses.append(float(loss))
-    with torch.no_grad():
-        ref_eval = float(sum(loss_fn(ref(x), y) for x, y in steps[0]) / len(steps[0]))
-    param_err = max(float((p.detach() - ref.named(name)).abs().max() / ref.named(name).abs().max())
-                    for name, p in engine.module.named_parameters())
-    loss_err = max(abs(a - b) / b for a, b in zip(losses + [evaluated], ref_losses + [ref_eval]))
-    return {"loss_err": loss_err, "param_err": param_err}
-
-
-@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)])
-@pytest.mark.parametrize("in_order", [False, True], ids=["matched-by-tag", "matched-in-order-as-nccl"])
-def test_dynamic_shape_trains_micro_batches_of_changing_shapes(schedule, virtual, in_order):
-    # PipelineModule(dynamic_shape=True), DeepSpeed's: the rows and the sequence length change
-    # from micro-batch to micro-batch; every rank matches one process on the same micro-batches
-    # (the losses, eval_batch's, and every parameter after 3 steps).
-    for rank, r in enumerate(run_distributed(_dynamic_shape_worker, 2, schedule, virtual, in_order, timeout=120)):
-        assert r["loss_err"] <= 1e-5, (rank, r)
-        assert r["param_err"] <= 1e-5, (rank, r)

@@ -317,7 +317,7 @@ class PipelineEngine(ZeroShardEngine):
             self.set_dataiterator(data_iter)  # as DeepSpeed: a later train_batch() reads on from it
         self.module.train()
         self._observer.pipeline_step_begin()
-        run = TrainStep(self, self.data_iterator if self._needs_data() else None)
+        run = TrainStep(self, self.data_iterator)
         run.run(self._instructions)
         self.total_loss = torch.stack(run.losses).sum() if run.losses else None
         with self._named_by_world("loss all-reduce and optimizer step"):

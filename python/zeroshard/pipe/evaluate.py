@@ -32,7 +32,7 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
         output = results if holds_last else None
     else:
         with engine._named_by_world("eval_batch output and loss reductions"):
-            output = _reduced(engine, results, holds_last, compute_loss and bcast_loss)
+            output = _reduced(engine, results, holds_last, compute_loss, bcast_loss)
     if return_logits:
         return output, (run.logits if holds_last else None)
     return output
@@ -41,10 +41,10 @@ def run_eval(engine, data_iter, return_logits, compute_loss, reduce_output, bcas
 class EvalStep(ListRun):
     """Runs one rank's eval_batch list: loads, activation receives, forwards, activation sends."""
     OPS = ("load_micro_batch", "forward", "send_activation", "receive_activation")
-    MODE = " (eval)"
+    REPORT_SUFFIX = " (eval)"
 
     def __init__(self, engine, data_iter, compute_loss, micro_batches):
-        super().__init__(engine, data_iter if engine._needs_data() else None)
+        super().__init__(engine, data_iter)
         self.compute_loss = compute_loss
         self.last_micro_batch = micro_batches - 1
         self.inputs = {}    # (mb, chunk) -> the received input, until its forward
@@ -80,45 +80,79 @@ class EvalStep(ListRun):
             posted=self.posted.pop(("receive_activation", mb, chunk), None))
 
 
-def _reduced(engine, results, holds_last, broadcast_loss):
+def _reduced(engine, results, holds_last, losses, broadcast_loss):
     """reduce_output="avg": the mean over micro-batches and data-parallel replicas on the last
-    stage; with broadcast_loss, that loss on every stage."""
+    stage of the losses, or of the outputs; with losses and broadcast_loss, that loss on every
+    stage."""
     output = None
     if holds_last:
-        # Every last-stage replica has the same output dtypes, so all of them refuse here
-        # together, before the data-parallel all-reduce; published as a stage failure, so the
-        # other stages waiting for the eval loss learn of it too.
+        # Refused before the data-parallel all-reduce, published as a stage failure, so the other
+        # stages waiting for the eval loss learn of it too (every last-stage replica has the same
+        # output dtypes; shapes may differ by replica with dynamic_shape, so they are compared
+        # across the replicas first, and all of them refuse together).
         with engine._stage_failure_reported(f"eval_batch output of stage {engine.module.stage_id}"):
-            _check_averageable(results[0])
-        output = _mean(results)
+            _check_averageable(results)
+            output = _mean(results)
+            if engine.dp_world_size > 1 and not losses:  # a loss has one element everywhere
+                _check_replicas_agree(engine, output)
         if engine.dp_world_size > 1:
-            for t in (output if isinstance(output, tuple) else (output,)):
+            for t in _as_list(output):
                 engine._comm.all_reduce(t, "eval_batch output")
                 t /= engine.dp_world_size
     # Only a reduced loss is one number every rank can take (reduce_output=None keeps a list).
-    if broadcast_loss and engine._pipe_comm is not None:
+    if losses and broadcast_loss and engine._pipe_comm is not None:
         value = float(output) if holds_last else 0.0
         output = torch.tensor(engine._pipe_comm.all_reduce_values([value], str(engine.device), "eval loss")[0],
                               dtype=torch.float32, device=engine.device)  # as DeepSpeed: on the device
     return output
 
 
-def _check_averageable(result):
+def _as_list(result):
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+_AS_THEY_ARE = "pass reduce_output=None for every micro-batch's outputs as they are"
+
+
+def _check_averageable(results):
     """reduce_output="avg" takes the mean of each output over micro-batches and data-parallel
-    ranks, which only a floating (or complex) tensor has: a mask or token ids averaged would come
-    back as fractions. Such an output is refused by its index (DeepSpeed fails on it in an
-    in-place division with no name)."""
-    outputs = result if isinstance(result, (tuple, list)) else (result,)
-    for index, t in enumerate(outputs):
+    ranks, element by element, which only a floating (or complex) tensor of one shape has: a mask
+    or token ids averaged would come back as fractions, and outputs whose shapes change between
+    micro-batches (dynamic_shape) have no such mean. Such an output is refused by its index
+    (DeepSpeed fails on the first in an in-place division with no name, on the second in torch's
+    stack)."""
+    for index, t in enumerate(_as_list(results[0])):
         if not torch.is_tensor(t):
             raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
-                             f"{type(t).__name__}, expected tensors to average; pass reduce_output=None "
-                             "for every micro-batch's outputs as they are")
+                             f"{type(t).__name__}, expected tensors to average; {_AS_THEY_ARE}")
         if not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
                              f"{t.dtype} (a mask or indices has no mean), expected floating outputs "
-                             "only; pass reduce_output=None for every micro-batch's outputs as they are, "
-                             "or return only floating tensors from the last layer")
+                             f"only; {_AS_THEY_ARE}, or return only floating tensors from the last layer")
+    first = _as_list(results[0])
+    for mb, result in enumerate(results[1:], start=1):
+        for index, (t, t0) in enumerate(zip(_as_list(result), first)):
+            if t.shape != t0.shape:
+                raise ValueError(f"eval_batch: reduce_output='avg': output {index} of micro-batch {mb} is "
+                                 f"{list(t.shape)}, micro-batch 0's {list(t0.shape)} (with dynamic_shape the "
+                                 f"shapes may change; an element-wise mean needs one); {_AS_THEY_ARE}")
+
+
+def _check_replicas_agree(engine, output):
+    """The data-parallel replicas' averaged outputs have one shape, else every replica refuses
+    (an all-reduce of tensors of different sizes would fail in the backend without a name): the
+    largest and smallest of each number over the replicas, in two small all-reduces, the count
+    first so that the second has one length everywhere."""
+    dims = [float(n) for t in _as_list(output) for n in (t.dim(), *t.shape)]
+    for what, values in (("the number of output dims", [float(len(dims))]), ("the output shapes", dims)):
+        both = torch.tensor(values + [-v for v in values], dtype=torch.float64, device=engine.device)
+        engine._comm.all_reduce_max(both, f"eval_batch: {what}")
+        largest, smallest = both[:len(values)].tolist(), (-both[len(values):]).tolist()
+        if largest != smallest:
+            shapes = [list(t.shape) for t in _as_list(output)]
+            raise ValueError(f"eval_batch: reduce_output='avg': the data-parallel replicas' outputs differ in "
+                             f"shape (this replica's: {shapes}; with dynamic_shape each replica's micro-batches "
+                             f"may have their own), so they have no element-wise mean; {_AS_THEY_ARE}")
 
 
 def _mean(results):

@@ -27,6 +27,8 @@ def _copy_and_free(received):
 
 
 class TrainStep(ListRun):
+    """Runs one rank's list for one training step: forwards, backwards (whole, or zero bubble's
+    split), the transfers between stages, and the tie and data-parallel reductions."""
     OPS = ("load_micro_batch", "forward", "backward", "backward_input", "backward_weight", "send_activation",
            "receive_activation", "send_gradient", "receive_gradient", "reduce_tied", "reduce_data_parallel")
     AFTER_THE_LIST = ("optimizer_step",)  # the engine steps after the list, with the losses in hand
@@ -181,4 +183,3 @@ class TrainStep(ListRun):
         with self.engine._named_by_world("reduce_data_parallel"):
             self.core.before_backward(True)
             self.core.after_backward(True)
-

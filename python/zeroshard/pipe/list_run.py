@@ -8,14 +8,14 @@ from zeroshard import _C
 class ListRun:
     OPS = ()         # the instructions a subclass's lists hold, each one of its methods
     AFTER_THE_LIST = ()  # instructions its caller carries out once the list has run
-    MODE = ""        # put after the instruction in failure reports (" (eval)")
+    REPORT_SUFFIX = ""  # after the instruction in failure reports (" (eval)")
     RECORDS = False  # whether the benchmark's timeline and the trace see the instructions
 
     def __init__(self, engine, data_iter):
         self.engine = engine
         self.module = engine.module
         self.links = engine._links
-        self.data_iter = data_iter
+        self.data_iter = data_iter if engine._needs_data() else None  # only the first and last stages read
         self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.batches = {}  # mb -> [inputs, labels]: this rank's parts (_take)
         self.posted = {}   # (receive op, mb, chunk) -> a receive started ahead of its instruction
@@ -42,14 +42,14 @@ class ListRun:
                 observer.instruction(op, mb, chunk, start, end)
         # The sends are done before their tensors may be reused. A rank that meets another
         # stage's failure here names it (see PipelineEngine._named_by_world).
-        with self.engine._named_by_world(f"last sends{self.MODE}"):
+        with self.engine._named_by_world(f"last sends{self.REPORT_SUFFIX}"):
             self.links.finish()
 
     def _reported(self, op, mb, chunk):
         """Around this rank's own work: an error is published, naming the stage, the instruction
         and the micro-batch, before it propagates (PipelineEngine._stage_failure_reported)."""
         stage = self.module.global_stage(chunk)
-        return self.engine._stage_failure_reported(f"pipeline stage {stage} {op}{self.MODE} of micro-batch {mb}")
+        return self.engine._stage_failure_reported(f"pipeline stage {stage} {op}{self.REPORT_SUFFIX} of micro-batch {mb}")
 
     def _peer(self, peer):
         return self.engine._grid.stage_to_global(peer)

@@ -87,9 +87,9 @@ class PipelineModule(torch.nn.Module):
         super().__init__()
         if num_stages is None and topology is None:
             raise ValueError("PipelineModule: give num_stages or topology")
-        # True: the shapes crossing stage boundaries may change between micro-batches; each
-        # activation's layout is sent with it (pipe/p2p.py's StageLinks), as DeepSpeed's does.
-        self.dynamic_shape = bool(dynamic_shape)
+        if not isinstance(dynamic_shape, bool):
+            raise ValueError(f"PipelineModule: dynamic_shape {dynamic_shape!r}, expected True or False")
+        self.dynamic_shape = dynamic_shape  # what it does: pipe/p2p.py's StageLinks
         init_distributed()
         world, rank = dist.get_world_size(), dist.get_rank()
         if topology is None:

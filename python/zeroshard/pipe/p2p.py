@@ -1,6 +1,6 @@
 """Activations and gradients between pipeline stages over the world communicator's c10d send/recv,
-with each boundary's dtypes and shapes agreed at the first micro-batch and checked after (see
-StageLinks)."""
+with each boundary's dtypes and shapes agreed at the first micro-batch and checked after, or sent
+with every activation under dynamic_shape (see StageLinks)."""
 
 import torch
 
@@ -45,7 +45,9 @@ class StageLinks:
     """The sender describes what crosses each boundary (a tensor or a tuple) once, at the first
     micro-batch; both sides keep that layout, and a later micro-batch whose tensors differ is an
     error naming the stage, the micro-batch and both layouts instead of a receive of the wrong size.
-    With dynamic_shape the sender describes every activation instead, and nothing is checked.
+    With dynamic_shape (DeepSpeed's PipelineModule argument) the sender describes every activation
+    instead, so the shapes may change from micro-batch to micro-batch (variable sequence lengths
+    or batch sizes); nothing is agreed or checked, and a receive waits for its layout first.
 
     Sends return at once (the backend's thread moves the data while the stage computes); a rank
     keeps at most SENDS_IN_FLIGHT messages in flight, waiting for older ones as it sends (a checked
@@ -62,10 +64,7 @@ class StageLinks:
     def __init__(self, comm, device, dynamic_shape=False):
         self._comm = comm
         self._device = device
-        # DeepSpeed's PipelineModule(dynamic_shape=True): each activation's layout is sent with
-        # it, so the shapes may change from micro-batch to micro-batch (variable sequence lengths
-        # or batch sizes); nothing is agreed, a receive waits for its layout first.
-        self.dynamic_shape = dynamic_shape
+        self.dynamic_shape = dynamic_shape  # PipelineModule's (see the class's docstring)
         self._agreed = {}   # (kind, global stage it enters) -> (layout, micro-batch it was agreed at)
         self._sending = []  # [(works, tensors)] per message in flight, oldest first
         self._backend = comm.backend
@@ -86,12 +85,12 @@ class StageLinks:
         """tensors: the activation entering global stage `stage`, or the gradient leaving it
         (sent back to stage - 1), to global rank `peer`. Returns once the transfers are issued."""
         layout = _layout(tensors)
+        works, kept = [], []  # the layout's message first, where one goes with it
         if not self.dynamic_shape:
-            self._agree(layout, kind, stage, micro_batch, peer)
+            self._agree(layout, kind, stage, micro_batch, peer, works, kept)
         elif kind == "activation":  # a gradient's layout is its outputs', which the receiver holds
-            self._send_layout(layout, stage, micro_batch, peer)
+            self._send_layout(layout, stage, micro_batch, peer, works, kept)
         what = f"{kind} of micro-batch {micro_batch} for stage {stage}"
-        works, kept = [], []
         for i, t in enumerate(tensors):
             t = t.detach().contiguous()  # kept, unchanged, until its send is waited for
             works.append(self._comm.isend(t, peer, self._tag(kind, micro_batch, stage), f"{what} [{i}]"))
@@ -102,13 +101,13 @@ class StageLinks:
             for work in self._sending.pop(0)[0]:
                 work.wait()
 
-    def _agree(self, layout, kind, stage, micro_batch, peer):
+    def _agree(self, layout, kind, stage, micro_batch, peer, works, kept):
         """The boundary's layout from its first micro-batch on (sent to the receiver once, for an
         activation); a later one that differs is an error naming both."""
         key = (kind, stage)
         if key not in self._agreed:
             if kind == "activation":
-                self._send_layout(layout, stage, micro_batch, peer)
+                self._send_layout(layout, stage, micro_batch, peer, works, kept)
             self._agreed[key] = (layout, micro_batch)
         agreed, first = self._agreed[key]
         if layout != agreed:
@@ -169,7 +168,10 @@ class StageLinks:
             posted = self.post(kind, stage, micro_batch, peer, like, layout)
         return posted.wait()
 
-    def _send_layout(self, layout, stage, micro_batch, peer):
+    def _send_layout(self, layout, stage, micro_batch, peer, works, kept):
+        """Starts sending the layout (its length, then its codes), adding the transfers and their
+        tensors to the message's: it is waited for with the message, so a sender does not stop
+        until its peer reaches the receive."""
         codes = [len(layout)]
         for dtype, shape in layout:
             if dtype not in _DTYPES:
@@ -182,8 +184,9 @@ class StageLinks:
         message = torch.tensor(codes, dtype=torch.int64, device=self._device)
         size = torch.tensor([message.numel()], dtype=torch.int64, device=self._device)
         tag = self._tag("layout", micro_batch, stage)
-        self._comm.send(size, peer, tag, f"layout size for stage {stage}")
-        self._comm.send(message, peer, tag, f"layout of the tensors entering stage {stage}")
+        works.append(self._comm.isend(size, peer, tag, f"layout size for stage {stage}"))
+        works.append(self._comm.isend(message, peer, tag, f"layout of the tensors entering stage {stage}"))
+        kept += [size, message]
 
     def _receive_layout(self, stage, micro_batch, peer):
         tag = self._tag("layout", micro_batch, stage)
