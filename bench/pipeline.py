@@ -45,8 +45,8 @@ from gpt import Block as GPTBlock  # noqa: E402 - examples/ goes on the path fir
 from pipeline_bubbles import bubbles  # noqa: E402 - bench/, this script's folder, is sys.path[0]
 from pipeline_probes import (USAGE_FIELDS, busy_shares, median_usage, pinned_cpus, run_usage,  # noqa: E402
                              thread_usage, time_torch_compute)
-from pipeline_procs import (MALLOC_ENV, PIN_ENV, Stopped, _reason, _stop, own_process_group,  # noqa: E402
-                            run_deepspeed, spawn)
+from pipeline_procs import (PIN_ENV, Stopped, apply_malloc_env, own_process_group, reason,  # noqa: E402
+                            run_deepspeed, spawn, stop)
 
 VOCAB, SEQ, D, HEADS, LAYERS, MICRO = 256, 128, 256, 4, 8, 4
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
@@ -341,7 +341,7 @@ def print_schedule(schedule, num_stages, v, runs, peers, samples, reference, m, 
         try:
             found.append((number, bubbles(schedule, num_stages, m, v, run["ranks"])))
         except Exception as error:  # noqa: BLE001 - shown in the table
-            notes.append(f"bubble: {_reason(error)}")
+            notes.append(f"bubble: {reason(error)}")
     bubble_cells = ""
     if found:
         med = {k: statistics.median(b[k] for _, b in found) for k in ("unit_theory", "list", "imbalance", "measured")}
@@ -424,11 +424,10 @@ def main():
         os.environ[PIN_ENV] = ",".join(map(str, pinned))
     if args.dump and not os.access(os.path.dirname(os.path.abspath(args.dump)), os.W_OK):
         raise SystemExit(f"--dump: cannot write into the folder of {args.dump}")
-    if not args.malloc_as_is:
-        os.environ.update(MALLOC_ENV)  # the ranks, spawned fresh, start with it
+    malloc = apply_malloc_env(args.malloc_as_is)
     reference = reference_loss(m)
     peers = [] if args.no_peers else ["torch", "deepspeed"]
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, stop)
     runs, stopped = run_rounds(num_stages, m, steps, args.rounds, peers, args.deepspeed_venv, schedules)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.dump:  # first: the raw data survives a failure while printing
@@ -443,9 +442,7 @@ def main():
           f"{num_stages} stages (one process, one thread each; {len(os.sched_getaffinity(0))} CPUs), fp32, Gloo; "
           f"{steps} timed steps after a warm-up; {args.rounds} round(s), the frameworks alternating"
           + (f"; ranks pinned to CPUs {', '.join(map(str, pinned))} in rank order" if args.pin else "; not pinned")
-          + ("; glibc's malloc thresholds as each process's history sets them" if args.malloc_as_is else
-             "; glibc's malloc thresholds fixed alike in every rank (" +
-             ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")"))
+          + f"; {malloc}")
     if stopped:
         print(f"STOPPED: {stopped} (a cell's k/{args.rounds} counts its rounds)")
     print(f"verified: each run's first- and second-step losses (the untimed warm-up, then after one Adam "

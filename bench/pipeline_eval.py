@@ -11,7 +11,6 @@ is paired by round (bench/pipeline.py says why).
                                   [--deepspeed-venv /tmp/ds-venv] [--malloc-as-is]
 """
 import argparse
-import os
 import statistics
 import time
 
@@ -19,7 +18,7 @@ import torch
 
 from pipeline import (LAYERS, LOSS_RTOL, MICRO, TORCH_NAMES, data, deepspeed_engine, loss_fn, micro_batches,
                       reference_loss, torch_stages, zeroshard_engine)
-from pipeline_procs import MALLOC_ENV, own_process_group, run_deepspeed, spawn
+from pipeline_procs import apply_malloc_env, own_process_group, run_deepspeed, spawn
 
 SCHEDULES = [("1f1b", 1), ("interleaved_1f1b", 2)]
 
@@ -94,8 +93,7 @@ def main():
         raise SystemExit("--stages 2 or 4, --steps >= 1, --rounds >= 1")
     p, m = args.stages, args.micro_batches
     torch.set_num_threads(1)
-    if not args.malloc_as_is:
-        os.environ.update(MALLOC_ENV)
+    malloc = apply_malloc_env(args.malloc_as_is)
     reference = reference_loss(m)[0]  # the loss before any step: what eval computes
     samples = m * MICRO
     runs = {}
@@ -109,8 +107,8 @@ def main():
     from zeroshard import _C
     print(f"eval_batch: GPT of {LAYERS} blocks, micro-batch {MICRO}, {m} micro-batches, {p} stages (one process, "
           f"one thread each), fp32, Gloo; {args.steps} timed calls after a warm-up; {args.rounds} round(s), "
-          f"alternating; losses checked against one process's {reference:.7f} (relative {LOSS_RTOL:g}); glibc's malloc "
-          f"thresholds {'as each process sets them' if args.malloc_as_is else 'fixed alike in every rank'}")
+          f"alternating; losses checked against one process's {reference:.7f} (relative {LOSS_RTOL:g}); "
+          f"{malloc}")
     for schedule, v in SCHEDULES:
         unit = _C.pipeline.build_eval(p, m, v)[1]["bubble_fraction"]
         print(f"{schedule} (v={v}; zeroshard's list at unit costs: bubble {unit:.3f})")

@@ -18,13 +18,19 @@ PIN_ENV = "ZS_BENCH_PIN"  # --pin's CPUs in rank order ("0,2"); the ranks' proce
 RUN_TIMEOUT_S = 600   # one framework, one schedule, all steps
 PEER_GRACE_S = 20     # after one rank raised, how long its peer gets to report before it is killed
 # glibc's malloc moves its mmap threshold up to the largest mmapped block freed so far (up to 32 MiB)
-# and trims the heap above twice that, so a process's allocation history sets how often its
-# activations come back as fresh pages: torch's bench ranks build every layer and free the other
-# stages' (its threshold rises), zeroshard's and DeepSpeed's build only their own. Fixed values,
-# the same in every framework's ranks, take that difference out (bench/RESULTS.md: 1.4-2.6x the
-# page faults, and DeepSpeed's CPU time per step 996 against 684 ms, with history's defaults).
-# Read by glibc when a process starts, so set before the ranks are spawned.
+# and trims the heap above twice that, so each rank process's allocation history decides how often
+# its activations come back as fresh pages. Fixed values, the same in every framework's ranks, take
+# that history out of the comparison (bench/RESULTS.md, "the same glibc allocator settings").
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
+def apply_malloc_env(as_is):
+    """Exports MALLOC_ENV for the ranks spawned after this (glibc reads it when a process starts),
+    unless `as_is` (the scripts' --malloc-as-is); returns the header's words for it."""
+    if as_is:
+        return "glibc's malloc thresholds as each rank process's history sets them"
+    os.environ.update(MALLOC_ENV)
+    return "glibc's malloc thresholds fixed alike in every rank (" + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")"
 
 
 def own_process_group(fn):
@@ -37,11 +43,13 @@ class Stopped(Exception):
     """SIGTERM (e.g. from `timeout`) reached the bench: it stops and reports the runs that finished."""
 
 
-def _stop(signum, frame):
+def stop(signum, frame):
+    """The SIGTERM handler while runs go on."""
     raise Stopped()
 
 
-def _reason(error):
+def reason(error):
+    """An exception as one short line: its type and its message's first line."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
 
@@ -58,7 +66,7 @@ def _entry(fn, rank, world, port, args, queue):
             dist.init_process_group("gloo", rank=rank, world_size=world)
         result = (True, fn(*args))
     except BaseException as error:  # noqa: BLE001 - spawn reports it, naming the rank
-        result = (False, _reason(error))
+        result = (False, reason(error))
     queue.put((rank, *result))
 
 
