@@ -227,6 +227,7 @@ def _config_errors():
     # One chunk per rank is 1F1B's order: any number of micro-batches, as Megatron-LM.
     attempt("interleave_one_chunk", lambda: _engine(2, gas=3, extra={"pipeline": {"schedule": "interleaved_1f1b"}}))
     attempt("partition_key", lambda: _engine(1, extra={"pipeline": {"partition": "uniform"}}))
+    attempt("dynamic_shape", lambda: PipelineModule(layer_specs(2), num_stages=1, dynamic_shape="false"))
     # A constructor that cannot run on the meta device: only "parameters" needs its count.
     import logging
     import torch
@@ -277,6 +278,7 @@ def test_configuration_errors_name_the_key():
     assert ("partition_method 'parameters' counts each layer's parameters by building it on the meta device; "
             "layer 4 (MetaHostile) failed there") in out["meta_parameters"], out["meta_parameters"]
     assert "pipeline.partition: got 'uniform', but the PipelineModule was built with partition_method='parameters'" in out["partition_key"]
+    assert "PipelineModule: dynamic_shape 'false', expected True or False" in out["dynamic_shape"], out["dynamic_shape"]
     for name in ("forward", "backward", "step"):
         assert out[name] and "Only train_batch() and eval_batch()" in out[name]
 

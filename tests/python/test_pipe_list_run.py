@@ -1,7 +1,11 @@
 """The runner every pipeline list goes through (pipe/list_run.py), for what the parity tests do
 not see: the benchmark's timeline gets every instruction of the list but optimizer_step, in order;
 on Gloo (matched by tag) each receive that follows a computation is started before it, the
-gradients' and every activation's but a boundary's first; in NCCL's matching order none is."""
+gradients' and every activation's but a boundary's first; in NCCL's matching order none is. And a
+send returns before its peer receives (with the first micro-batch's layout, and with dynamic_shape
+every activation's, going with it)."""
+import time
+
 import pytest
 
 from harness import run_distributed
@@ -43,3 +47,27 @@ def test_the_timeline_and_the_receives_started_ahead(in_order):
     else:
         # Stage 1's first receive opens its list (nothing to overlap) and learns the layout.
         assert ahead == {0: [True] * 4, 1: [False, True, True, True]}, ahead
+
+
+def _late_receiver(dynamic_shape):
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import batches, layer_specs, loss_fn, rank_micro_batches
+    net = PipelineModule(layers=layer_specs(2), num_stages=2, loss_fn=loss_fn, seed_layers=True,
+                         dynamic_shape=dynamic_shape)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000, "pipeline": {"schedule": "gpipe"}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    engine._timeline = []
+    if engine.is_last_stage():
+        time.sleep(2)  # stage 0's first sends find no receive posted
+    engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1), 2, 4, 0))
+    return [end - start for op, _, _, start, end in engine._timeline if op == "send_activation"]
+
+
+@pytest.mark.parametrize("dynamic_shape", [False, True])
+def test_a_send_returns_before_its_peer_receives(dynamic_shape):
+    sends = run_distributed(_late_receiver, 2, dynamic_shape, timeout=120)[0]
+    # Two messages may be in flight (p2p.SENDS_IN_FLIGHT); the third waits for the first.
+    assert max(sends[:2]) < 1.0, sends

@@ -86,15 +86,20 @@ def _reduced(engine, results, holds_last, losses, broadcast_loss):
     stage."""
     output = None
     if holds_last:
-        # Refused before the data-parallel all-reduce, published as a stage failure, so the other
-        # stages waiting for the eval loss learn of it too (every last-stage replica has the same
-        # output dtypes; shapes may differ by replica with dynamic_shape, so they are compared
-        # across the replicas first, and all of them refuse together).
+        # Every last-stage replica has the same output dtypes, so all of them refuse a dtype here
+        # together; published as a stage failure, so the other stages waiting for the eval loss
+        # learn of it too.
         with engine._stage_failure_reported(f"eval_batch output of stage {engine.module.stage_id}"):
-            _check_averageable(results)
-            output = _mean(results)
-            if engine.dp_world_size > 1 and not losses:  # a loss has one element everywhere
-                _check_replicas_agree(engine, output)
+            _check_floating(results[0])
+        # Shapes may differ by micro-batch and by replica (each replica's pipeline agrees its own,
+        # and with dynamic_shape each micro-batch has its own): with replicas to average over,
+        # they compare theirs first, so that all refuse together, before the all-reduce.
+        differs = _shapes_differ(results)
+        if engine.dp_world_size > 1 and not losses:  # a loss has one element everywhere
+            _check_replicas_agree(engine, results[0], differs)
+        elif differs:
+            raise ValueError(differs)
+        output = _mean(results)
         if engine.dp_world_size > 1:
             for t in _as_list(output):
                 engine._comm.all_reduce(t, "eval_batch output")
@@ -114,14 +119,12 @@ def _as_list(result):
 _AS_THEY_ARE = "pass reduce_output=None for every micro-batch's outputs as they are"
 
 
-def _check_averageable(results):
+def _check_floating(result):
     """reduce_output="avg" takes the mean of each output over micro-batches and data-parallel
-    ranks, element by element, which only a floating (or complex) tensor of one shape has: a mask
-    or token ids averaged would come back as fractions, and outputs whose shapes change between
-    micro-batches (dynamic_shape) have no such mean. Such an output is refused by its index
-    (DeepSpeed fails on the first in an in-place division with no name, on the second in torch's
-    stack)."""
-    for index, t in enumerate(_as_list(results[0])):
+    ranks, element by element, which only a floating (or complex) tensor has: a mask or token ids
+    averaged would come back as fractions. Such an output is refused by its index (DeepSpeed fails
+    on it in an in-place division with no name)."""
+    for index, t in enumerate(_as_list(result)):
         if not torch.is_tensor(t):
             raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
                              f"{type(t).__name__}, expected tensors to average; {_AS_THEY_ARE}")
@@ -129,35 +132,55 @@ def _check_averageable(results):
             raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
                              f"{t.dtype} (a mask or indices has no mean), expected floating outputs "
                              f"only; {_AS_THEY_ARE}, or return only floating tensors from the last layer")
+
+
+def _shapes_differ(results):
+    """Why the micro-batches' outputs have no element-wise mean (their number or shapes change
+    from micro-batch to micro-batch; DeepSpeed fails on it in torch's stack), or None."""
     first = _as_list(results[0])
     for mb, result in enumerate(results[1:], start=1):
-        for index, (t, t0) in enumerate(zip(_as_list(result), first)):
+        outputs = _as_list(result)
+        if len(outputs) != len(first):
+            return (f"eval_batch: reduce_output='avg': micro-batch {mb} has {len(outputs)} outputs, micro-batch "
+                    f"0 {len(first)}; {_AS_THEY_ARE}")
+        for index, (t, t0) in enumerate(zip(outputs, first)):
             if t.shape != t0.shape:
-                raise ValueError(f"eval_batch: reduce_output='avg': output {index} of micro-batch {mb} is "
-                                 f"{list(t.shape)}, micro-batch 0's {list(t0.shape)} (with dynamic_shape the "
-                                 f"shapes may change; an element-wise mean needs one); {_AS_THEY_ARE}")
+                return (f"eval_batch: reduce_output='avg': output {index} of micro-batch {mb} is "
+                        f"{list(t.shape)}, micro-batch 0's {list(t0.shape)}, and an element-wise mean needs "
+                        f"one shape; {_AS_THEY_ARE}")
+    return None
 
 
-def _check_replicas_agree(engine, output):
-    """The data-parallel replicas' averaged outputs have one shape, else every replica refuses
-    (an all-reduce of tensors of different sizes would fail in the backend without a name): the
-    largest and smallest of each number over the replicas, in two small all-reduces, the count
-    first so that the second has one length everywhere."""
-    dims = [float(n) for t in _as_list(output) for n in (t.dim(), *t.shape)]
-    for what, values in (("the number of output dims", [float(len(dims))]), ("the output shapes", dims)):
-        both = torch.tensor(values + [-v for v in values], dtype=torch.float64, device=engine.device)
-        engine._comm.all_reduce_max(both, f"eval_batch: {what}")
-        largest, smallest = both[:len(values)].tolist(), (-both[len(values):]).tolist()
-        if largest != smallest:
-            shapes = [list(t.shape) for t in _as_list(output)]
-            raise ValueError(f"eval_batch: reduce_output='avg': the data-parallel replicas' outputs differ in "
-                             f"shape (this replica's: {shapes}; with dynamic_shape each replica's micro-batches "
-                             f"may have their own), so they have no element-wise mean; {_AS_THEY_ARE}")
+def _check_replicas_agree(engine, result, differs):
+    """Every data-parallel replica refuses together (an all-reduce of tensors of different sizes
+    would fail in the backend without a name, or wait out a timeout on a replica whose peer had
+    raised) when one's micro-batches differ (`differs`) or the replicas' shapes do: the largest
+    and smallest of each number over the replicas, in two small all-reduces, the count and that
+    flag first so that the second has one length everywhere."""
+    dims = [float(n) for t in _as_list(result) for n in (t.dim(), *t.shape)]
+    first = torch.tensor([float(len(dims)), float(differs is not None), -float(len(dims))], dtype=torch.float64,
+                         device=engine.device)
+    engine._comm.all_reduce_max(first, "eval_batch output shape count")
+    count_max, any_differs, count_min = first[0].item(), first[1].item(), -first[2].item()
+    if differs:
+        raise ValueError(differs)
+    if any_differs:
+        raise ValueError("eval_batch: reduce_output='avg': another data-parallel replica's outputs change shape "
+                         f"between its micro-batches, so they have no element-wise mean; {_AS_THEY_ARE}")
+    agree = count_max == count_min
+    if agree:
+        both = torch.tensor(dims + [-v for v in dims], dtype=torch.float64, device=engine.device)
+        engine._comm.all_reduce_max(both, "eval_batch output shapes")
+        agree = both[:len(dims)].tolist() == (-both[len(dims):]).tolist()
+    if not agree:
+        raise ValueError(f"eval_batch: reduce_output='avg': the data-parallel replicas' outputs differ in shape "
+                         f"(this replica's: {[list(t.shape) for t in _as_list(result)]}), so they have no "
+                         f"element-wise mean; {_AS_THEY_ARE}")
 
 
 def _mean(results):
     """The mean over micro-batches of the losses or outputs (a tuple of tensors averaged element
-    by element), in their own floating dtype (_check_averageable has refused any other)."""
+    by element), in their own floating dtype (_check_floating has refused any other)."""
     if isinstance(results[0], (tuple, list)):
         return tuple(_mean([r[i] for r in results]) for i in range(len(results[0])))
     return (torch.stack([r.detach() for r in results]).sum(0) / len(results)).contiguous()
