@@ -30,7 +30,8 @@ def apply_malloc_env(as_is):
     if as_is:
         return "glibc's malloc thresholds as each rank process's history sets them"
     os.environ.update(MALLOC_ENV)
-    return "glibc's malloc thresholds fixed alike in every rank (" + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")"
+    fixed = ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+    return f"glibc's malloc thresholds fixed alike in every rank ({fixed})"
 
 
 def own_process_group(fn):
