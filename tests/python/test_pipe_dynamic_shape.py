@@ -132,10 +132,10 @@ def test_an_average_of_outputs_whose_shapes_differ_is_refused_by_name(case):
     # the way), instead of torch's unnamed stack error, an all-reduce of unequal sizes, or one
     # replica waiting in the all-reduce for the other, which raised.
     results = run_distributed(_averaging_worker, 4, case, timeout=120, env={"ZEROSHARD_TIMEOUT": "5"})
-    own = "output 0 of micro-batch 1 is [2, 6, 48], micro-batch 0's [2, 5, 48]"
+    own = "output 0 of micro-batch 1 is torch.float32 [2, 6, 48], micro-batch 0's torch.float32 [2, 5, 48]"
     expected = {"within_each_replica": [own, own],
-                "within_one_replica": [own, "another data-parallel replica's outputs change shape"],
-                "across_replicas": ["the data-parallel replicas' outputs differ in shape"] * 2}[case]
+                "within_one_replica": [own, "data-parallel replica 0's outputs cannot be averaged"],
+                "across_replicas": ["the data-parallel replicas' outputs differ in shape or dtype"] * 2}[case]
     for rank, text in zip((2, 3), expected):  # stage 1's ranks, data index 0 and 1
         r = results[rank]
         assert r["type"] == "ValueError", (rank, r)

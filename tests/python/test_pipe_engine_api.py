@@ -165,7 +165,7 @@ def test_eval_outputs_average_floats_and_name_an_integer_output():
     results = run_distributed(_eval_outputs_worker, 2, timeout=120)
     for rank, r in enumerate(results):
         assert r["dp"] == 2, r
-        assert r["mask_error"] is not None and "output 1 of the last stage is torch.bool" in r["mask_error"], r
+        assert r["mask_error"] is not None and "output 1 of micro-batch 0 is torch.bool" in r["mask_error"], r
         assert "reduce_output=None" in r["mask_error"], r
         # reduce_output=None: every micro-batch's outputs as they are, the mask a mask.
         assert r["as_is_dtypes"] == [["torch.float32", "torch.bool"]] * GAS, r

@@ -55,19 +55,21 @@ def _late_receiver(dynamic_shape):
     from pipe_models import batches, layer_specs, loss_fn, rank_micro_batches
     net = PipelineModule(layers=layer_specs(2), num_stages=2, loss_fn=loss_fn, seed_layers=True,
                          dynamic_shape=dynamic_shape)
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000, "pipeline": {"schedule": "gpipe"}}
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 1000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "pipeline": {"schedule": "gpipe"}}
     engine, _, _, _ = zeroshard.initialize(model=net, config=config,
                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
-    engine._timeline = []
+    engine._timeline = []  # one clock for both processes (the trace's)
     if engine.is_last_stage():
         time.sleep(2)  # stage 0's first sends find no receive posted
     engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1), 2, 4, 0))
-    return [end - start for op, _, _, start, end in engine._timeline if op == "send_activation"]
+    return {"sends_ended": [end for op, _, _, _, end in engine._timeline if op == "send_activation"],
+            "receives_started": [start for op, _, _, start, _ in engine._timeline if op == "receive_activation"]}
 
 
 @pytest.mark.parametrize("dynamic_shape", [False, True])
 def test_a_send_returns_before_its_peer_receives(dynamic_shape):
-    sends = run_distributed(_late_receiver, 2, dynamic_shape, timeout=120)[0]
-    # Two messages may be in flight (p2p.SENDS_IN_FLIGHT); the third waits for the first.
-    assert max(sends[:2]) < 1.0, sends
+    first, last = run_distributed(_late_receiver, 2, dynamic_shape, timeout=120)
+    # Two messages may be in flight (p2p.SENDS_IN_FLIGHT); the third waits for the first. The
+    # first two end before the sleeping peer starts its first receive.
+    assert max(first["sends_ended"][:2]) < last["receives_started"][0], (first, last)

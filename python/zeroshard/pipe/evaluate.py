@@ -86,19 +86,17 @@ def _reduced(engine, results, holds_last, losses, broadcast_loss):
     stage."""
     output = None
     if holds_last:
-        # Every last-stage replica has the same output dtypes, so all of them refuse a dtype here
-        # together; published as a stage failure, so the other stages waiting for the eval loss
-        # learn of it too.
-        with engine._stage_failure_reported(f"eval_batch output of stage {engine.module.stage_id}"):
-            _check_floating(results[0])
-        # Shapes may differ by micro-batch and by replica (each replica's pipeline agrees its own,
-        # and with dynamic_shape each micro-batch has its own): with replicas to average over,
-        # they compare theirs first, so that all refuse together, before the all-reduce.
-        differs = _shapes_differ(results)
+        # What each replica can average is decided locally; with replicas to average over, they
+        # compare their reasons and shapes first, so that all refuse together before the
+        # all-reduce (each replica's pipeline agrees its own shapes, and with dynamic_shape each
+        # micro-batch has its own). A refusal of one replica alone is published as a stage
+        # failure, so the other stages waiting for the eval loss learn of it too.
+        why_not = _not_averageable(results)
         if engine.dp_world_size > 1 and not losses:  # a loss has one element everywhere
-            _check_replicas_agree(engine, results[0], differs)
-        elif differs:
-            raise ValueError(differs)
+            _check_replicas_agree(engine, results[0], why_not)
+        elif why_not:
+            with engine._stage_failure_reported(f"eval_batch output of stage {engine.module.stage_id}"):
+                raise ValueError(why_not)
         output = _mean(results)
         if engine.dp_world_size > 1:
             for t in _as_list(output):
@@ -119,68 +117,69 @@ def _as_list(result):
 _AS_THEY_ARE = "pass reduce_output=None for every micro-batch's outputs as they are"
 
 
-def _check_floating(result):
-    """reduce_output="avg" takes the mean of each output over micro-batches and data-parallel
-    ranks, element by element, which only a floating (or complex) tensor has: a mask or token ids
-    averaged would come back as fractions. Such an output is refused by its index (DeepSpeed fails
-    on it in an in-place division with no name)."""
-    for index, t in enumerate(_as_list(result)):
-        if not torch.is_tensor(t):
-            raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
-                             f"{type(t).__name__}, expected tensors to average; {_AS_THEY_ARE}")
-        if not (t.is_floating_point() or t.is_complex()):
-            raise ValueError(f"eval_batch: reduce_output='avg': output {index} of the last stage is "
-                             f"{t.dtype} (a mask or indices has no mean), expected floating outputs "
-                             f"only; {_AS_THEY_ARE}, or return only floating tensors from the last layer")
-
-
-def _shapes_differ(results):
-    """Why the micro-batches' outputs have no element-wise mean (their number or shapes change
-    from micro-batch to micro-batch; DeepSpeed fails on it in torch's stack), or None."""
+def _not_averageable(results):
+    """Why the micro-batches' outputs have no element-wise mean, or None. reduce_output="avg"
+    averages each output over micro-batches and data-parallel replicas, which only floating (or
+    complex) tensors of one shape have: a mask or token ids averaged would come back as
+    fractions, and shapes that change from micro-batch to micro-batch (dynamic_shape) have no
+    such mean. Named by output and micro-batch (DeepSpeed fails on the first in an in-place
+    division, on the second in torch's stack, with no name)."""
     first = _as_list(results[0])
-    for mb, result in enumerate(results[1:], start=1):
+    for mb, result in enumerate(results):
         outputs = _as_list(result)
         if len(outputs) != len(first):
             return (f"eval_batch: reduce_output='avg': micro-batch {mb} has {len(outputs)} outputs, micro-batch "
                     f"0 {len(first)}; {_AS_THEY_ARE}")
         for index, (t, t0) in enumerate(zip(outputs, first)):
-            if t.shape != t0.shape:
-                return (f"eval_batch: reduce_output='avg': output {index} of micro-batch {mb} is "
-                        f"{list(t.shape)}, micro-batch 0's {list(t0.shape)}, and an element-wise mean needs "
-                        f"one shape; {_AS_THEY_ARE}")
+            where = f"output {index} of micro-batch {mb}"
+            if not torch.is_tensor(t):
+                return (f"eval_batch: reduce_output='avg': {where} is {type(t).__name__}, expected tensors to "
+                        f"average; {_AS_THEY_ARE}")
+            if not (t.is_floating_point() or t.is_complex()):
+                return (f"eval_batch: reduce_output='avg': {where} is {t.dtype} (a mask or indices has no mean), "
+                        f"expected floating outputs only; {_AS_THEY_ARE}, or return only floating tensors from "
+                        "the last layer")
+            if t.shape != t0.shape or t.dtype != t0.dtype:
+                return (f"eval_batch: reduce_output='avg': {where} is {t.dtype} {list(t.shape)}, micro-batch 0's "
+                        f"{t0.dtype} {list(t0.shape)}, and an element-wise mean needs one; {_AS_THEY_ARE}")
     return None
 
 
-def _check_replicas_agree(engine, result, differs):
+def _check_replicas_agree(engine, result, why_not):
     """Every data-parallel replica refuses together (an all-reduce of tensors of different sizes
     would fail in the backend without a name, or wait out a timeout on a replica whose peer had
-    raised) when one's micro-batches differ (`differs`) or the replicas' shapes do: the largest
-    and smallest of each number over the replicas, in two small all-reduces, the count and that
-    flag first so that the second has one length everywhere."""
-    dims = [float(n) for t in _as_list(result) for n in (t.dim(), *t.shape)]
-    first = torch.tensor([float(len(dims)), float(differs is not None), -float(len(dims))], dtype=torch.float64,
-                         device=engine.device)
+    raised) when one cannot average (`why_not`) or the replicas' shapes or dtypes differ: the
+    largest and smallest of each number over the replicas, in two small all-reduces, the count
+    and the refusing replica first, so that the second has one length everywhere."""
+    dims = [float(n) for t in _as_list(result) if torch.is_tensor(t)
+            for n in (_DTYPE_CODES.get(t.dtype, -1), t.dim(), *t.shape)]
+    refusing = float(engine._grid.get_data_parallel_id() + 1) if why_not else 0.0
+    first = torch.tensor([float(len(dims)), refusing, -float(len(dims))], dtype=torch.float64, device=engine.device)
     engine._comm.all_reduce_max(first, "eval_batch output shape count")
-    count_max, any_differs, count_min = first[0].item(), first[1].item(), -first[2].item()
-    if differs:
-        raise ValueError(differs)
-    if any_differs:
-        raise ValueError("eval_batch: reduce_output='avg': another data-parallel replica's outputs change shape "
-                         f"between its micro-batches, so they have no element-wise mean; {_AS_THEY_ARE}")
+    count_max, refused_by, count_min = first[0].item(), int(first[1].item()), -first[2].item()
+    if why_not:
+        raise ValueError(why_not)
+    if refused_by:
+        raise ValueError(f"eval_batch: reduce_output='avg': data-parallel replica {refused_by - 1}'s outputs cannot "
+                         f"be averaged (its error says why), so no replica's are; {_AS_THEY_ARE}")
     agree = count_max == count_min
     if agree:
         both = torch.tensor(dims + [-v for v in dims], dtype=torch.float64, device=engine.device)
         engine._comm.all_reduce_max(both, "eval_batch output shapes")
         agree = both[:len(dims)].tolist() == (-both[len(dims):]).tolist()
     if not agree:
-        raise ValueError(f"eval_batch: reduce_output='avg': the data-parallel replicas' outputs differ in shape "
-                         f"(this replica's: {[list(t.shape) for t in _as_list(result)]}), so they have no "
-                         f"element-wise mean; {_AS_THEY_ARE}")
+        raise ValueError(f"eval_batch: reduce_output='avg': the data-parallel replicas' outputs differ in shape or "
+                         f"dtype (this replica's: {[(str(t.dtype), list(t.shape)) for t in _as_list(result)]}), so "
+                         f"they have no element-wise mean; {_AS_THEY_ARE}")
+
+
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
+    (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64, torch.complex128))}
 
 
 def _mean(results):
     """The mean over micro-batches of the losses or outputs (a tuple of tensors averaged element
-    by element), in their own floating dtype (_check_floating has refused any other)."""
+    by element), in their own floating dtype (_not_averageable has refused any other)."""
     if isinstance(results[0], (tuple, list)):
         return tuple(_mean([r[i] for r in results]) for i in range(len(results[0])))
     return (torch.stack([r.detach() for r in results]).sum(0) / len(results)).contiguous()
