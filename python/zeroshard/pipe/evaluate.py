@@ -55,11 +55,7 @@ class EvalStep(ListRun):
     def forward(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
         with self._reported("forward", mb, chunk):
-            if stage == 0:
-                x = self._take(mb, 0)
-            else:
-                received = self.inputs.pop((mb, chunk))
-                x = received[0] if len(received) == 1 else received
+            x = self._stage_input(mb, chunk, lambda: self.inputs.pop((mb, chunk)))
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:
                 if mb == self.last_micro_batch:
@@ -156,7 +152,8 @@ def _check_replicas_agree(engine, result, why_not):
     refusing = float(engine._grid.get_data_parallel_id() + 1) if why_not else 0.0
     first = torch.tensor([float(len(dims)), refusing, -float(len(dims))], dtype=torch.float64, device=engine.device)
     engine._comm.all_reduce_max(first, "eval_batch output shape count")
-    count_max, refused_by, count_min = first[0].item(), int(first[1].item()), -first[2].item()
+    count_max, refused_by, count_min = first.tolist()  # one read, not one per number
+    refused_by, count_min = int(refused_by), -count_min
     if why_not:
         raise ValueError(why_not)
     if refused_by:

@@ -49,15 +49,12 @@ class TrainStep(ListRun):
     def forward(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
         with self._reported("forward", mb, chunk):
-            if stage == 0:
-                x = self._take(mb, 0)
-            else:
-                # A copy of each received tensor that takes a gradient, as DeepSpeed's engine
-                # makes: the received ones are autograd leaves, which a stage's first layer may
-                # not change in place (AlexNet's ReLU(inplace=True) opens a stage). The received
-                # tensor's memory is freed once copied, so the stage holds one copy, not two.
-                x = tuple(_copy_and_free(t) if t.requires_grad else t for t in self.inputs[(mb, chunk)])
-                x = x[0] if len(x) == 1 else x
+            # A copy of each received tensor that takes a gradient, as DeepSpeed's engine makes:
+            # the received ones are autograd leaves, which a stage's first layer may not change in
+            # place (AlexNet's ReLU(inplace=True) opens a stage). The received tensor's memory is
+            # freed once copied, so the stage holds one copy, not two.
+            x = self._stage_input(mb, chunk, lambda: tuple(_copy_and_free(t) if t.requires_grad else t
+                                                           for t in self.inputs[(mb, chunk)]))
             out = self.module(x, chunk=chunk)
             if stage == self.last_stage:
                 loss = self.engine._loss_of(out, self._take(mb, 1), mb)

@@ -49,7 +49,8 @@ class ListRun:
         """Around this rank's own work: an error is published, naming the stage, the instruction
         and the micro-batch, before it propagates (PipelineEngine._stage_failure_reported)."""
         stage = self.module.global_stage(chunk)
-        return self.engine._stage_failure_reported(f"pipeline stage {stage} {op}{self.REPORT_SUFFIX} of micro-batch {mb}")
+        return self.engine._stage_failure_reported(
+            f"pipeline stage {stage} {op}{self.REPORT_SUFFIX} of micro-batch {mb}")
 
     def _peer(self, peer):
         return self.engine._grid.stage_to_global(peer)
@@ -67,6 +68,14 @@ class ListRun:
         if all(x is None for x in batch):
             del self.batches[mb]
         return value
+
+    def _stage_input(self, mb, chunk, received):
+        """What a forward takes: on the first stage the micro-batch's inputs, else `received()`,
+        the tensors that came from the stage before (one of them unpacked from its tuple)."""
+        if self.module.global_stage(chunk) == 0:
+            return self._take(mb, 0)
+        tensors = received()
+        return tensors[0] if len(tensors) == 1 else tensors
 
     def _post(self, op, mb, chunk, peer):
         """Starts a later receive now, so that its data arrives while this rank computes."""
