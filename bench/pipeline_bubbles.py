@@ -103,7 +103,8 @@ def bubbles(schedule, p, m, v, ranks):
     timelines = [r["timelines"] for r in ranks]
     for rank, (lst, steps) in enumerate(zip(lists, timelines)):
         planned = [i[:3] for i in lst if i[0] != "optimizer_step"]
-        if any([t[:3] for t in tl] != planned for tl in steps):
+        # The waits for received data (pipe/list_run.py) are timed apart, not list instructions.
+        if any([t[:3] for t in tl if not t[0].startswith("wait_")] != planned for tl in steps):
             raise RuntimeError(f"{schedule}: rank {rank} did not execute the list _C.pipeline.build gives")
     avg = mean_costs(timelines)
     per_rank = [rank_costs(steps) for steps in timelines]

@@ -1,9 +1,11 @@
 """The runner every pipeline list goes through (pipe/list_run.py), for what the parity tests do
-not see: the benchmark's timeline gets every instruction of the list but optimizer_step, in order;
-on Gloo (matched by tag) each receive that follows a computation is started before it, the
-gradients' and every activation's but a boundary's first; in NCCL's matching order none is. And a
-send returns before its peer receives (with the first micro-batch's layout, and with dynamic_shape
-every activation's, going with it)."""
+not see: the benchmark's timeline gets every instruction of the list but optimizer_step, in order,
+and before each computation that uses received data, the wait for it; on Gloo (matched by tag) each
+receive that follows a computation is started before it, the gradients' and every activation's but
+a boundary's first; in NCCL's matching order none is. A rank waits for received data where it uses
+it, not at the receive, so it sends what it owes first. And a send returns before its peer
+receives (with the first micro-batch's layout, and with dynamic_shape every activation's, going
+with it)."""
 import time
 
 import pytest
@@ -21,32 +23,85 @@ def _worker(in_order):
     engine, _, _, _ = zeroshard.initialize(model=net, config=config,
                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
     engine._links.matches_in_order = in_order
-    received, receive = [], engine._links.receive
+    started, starting = [], []  # (kind, micro-batch, when); the start_receive calls under way
+    post, start_receive = engine._links.post, engine._links.start_receive
 
-    def recording(kind, stage, micro_batch, peer, like=None, posted=None):
-        received.append((kind, micro_batch, posted is not None))
-        return receive(kind, stage, micro_batch, peer, like, posted)
+    def recording_post(kind, stage, micro_batch, peer, like=None, layout=None):
+        posted = post(kind, stage, micro_batch, peer, like, layout)
+        if posted is not None and not starting:
+            started.append((kind, micro_batch, "ahead"))
+        return posted
 
-    engine._links.receive = recording
+    def recording_start(kind, stage, micro_batch, peer, like=None):
+        starting.append(True)
+        try:
+            return start_receive(kind, stage, micro_batch, peer, like)
+        finally:
+            starting.pop()
+            started.append((kind, micro_batch, "at its instruction"))
+
+    engine._links.post, engine._links.start_receive = recording_post, recording_start
     engine._timeline = []
     engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1), 2, 4, 0))
     timeline = [(op, mb, chunk) for op, mb, chunk, *_ in engine._timeline]
     listed = [(op, mb, chunk) for op, mb, chunk, _ in engine._instructions if op != "optimizer_step"]
-    return {"timeline_is_the_list": timeline == listed, "received": received}
+    uses = {"wait_activation": "forward", "wait_gradient": "backward"}
+    waits_precede_their_use = all(i + 1 < len(timeline) and timeline[i + 1] == (uses[op], mb, chunk)
+                                  for i, (op, mb, chunk) in enumerate(timeline) if op in uses)
+    return {"instructions": [t for t in timeline if not t[0].startswith("wait_")] == listed,
+            "waits": [t for t in timeline if t[0].startswith("wait_")],
+            "waits_precede_their_use": waits_precede_their_use, "started": started}
 
 
 @pytest.mark.parametrize("in_order", [False, True], ids=["matched-by-tag", "matched-in-order-as-nccl"])
 def test_the_timeline_and_the_receives_started_ahead(in_order):
     first, last = run_distributed(_worker, 2, in_order, timeout=120)
-    assert first["timeline_is_the_list"] and last["timeline_is_the_list"]
-    assert [kind for kind, _, _ in first["received"]] == ["gradient"] * 4
-    assert [kind for kind, _, _ in last["received"]] == ["activation"] * 4
-    ahead = {rank: [early for _, _, early in r["received"]] for rank, r in enumerate((first, last))}
+    assert first["instructions"] and last["instructions"]
+    assert first["waits_precede_their_use"] and last["waits_precede_their_use"]
+    assert first["waits"] == [("wait_gradient", mb, 0) for mb in range(4)]
+    assert last["waits"] == [("wait_activation", mb, 0) for mb in range(4)]
+    assert [kind for kind, _, _ in first["started"]] == ["gradient"] * 4
+    assert [kind for kind, _, _ in last["started"]] == ["activation"] * 4
+    when = {rank: [w for _, _, w in r["started"]] for rank, r in enumerate((first, last))}
     if in_order:
-        assert ahead == {0: [False] * 4, 1: [False] * 4}, ahead
+        assert when == {0: ["at its instruction"] * 4, 1: ["at its instruction"] * 4}, when
     else:
         # Stage 1's first receive opens its list (nothing to overlap) and learns the layout.
-        assert ahead == {0: [True] * 4, 1: [False, True, True, True]}, ahead
+        assert when == {0: ["ahead"] * 4, 1: ["at its instruction"] + ["ahead"] * 3}, when
+
+
+def _slow_first_stage(in_order):
+    import zeroshard
+    from zeroshard.pipe import PipelineModule
+    from pipe_models import batches, layer_specs, loss_fn, rank_micro_batches
+    net = PipelineModule(layers=layer_specs(2), num_stages=2, loss_fn=loss_fn, seed_layers=True)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 1000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    engine._links.matches_in_order = in_order
+    if engine.is_first_stage():
+        forward = net.forward
+
+        def slow_forward(*args, **kwargs):
+            time.sleep(0.5)
+            return forward(*args, **kwargs)
+
+        net.forward = slow_forward
+    engine._timeline = []  # one clock for both processes (the trace's)
+    engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1), 2, 4, 0))
+    return {(op, mb): (start, end) for op, mb, _, start, end in engine._timeline}
+
+
+@pytest.mark.parametrize("in_order", [False, True], ids=["matched-by-tag", "matched-in-order-as-nccl"])
+def test_a_rank_sends_what_it_owes_before_it_waits_for_data(in_order):
+    """Stage 1's 1F1B list reads "backward 0, receive activation 1, send gradient 0, forward 1":
+    the gradient goes out at once, while stage 0 is still in its (slow) forward of micro-batch 1,
+    and stage 1 waits for that activation only at its forward."""
+    first, last = run_distributed(_slow_first_stage, 2, in_order, timeout=120)
+    assert last[("send_gradient", 0)][1] < first[("forward", 1)][1] - 0.2, (first, last)
+    assert last[("wait_activation", 1)][1] > first[("forward", 1)][1], (first, last)
+    assert last[("wait_activation", 1)][1] < last[("forward", 1)][0] + 1e-3
 
 
 def _late_receiver(dynamic_shape):

@@ -47,7 +47,6 @@ class EvalStep(ListRun):
         super().__init__(engine, data_iter)
         self.compute_loss = compute_loss
         self.last_micro_batch = micro_batches - 1
-        self.inputs = {}    # (mb, chunk) -> the received input, until its forward
         self.outputs = {}   # (mb, chunk) -> the output, until sent on
         self.results = {}   # mb -> the last stage's loss (or output, without compute_loss)
         self.logits = None  # the last stage's output of the last micro-batch (DeepSpeed's)
@@ -69,11 +68,6 @@ class EvalStep(ListRun):
         stage = self.module.global_stage(chunk)
         with self._reported("send_activation", mb, chunk):
             self.links.send(self.outputs.pop((mb, chunk)), "activation", stage + 1, mb, self._peer(peer))
-
-    def receive_activation(self, mb, chunk, peer):
-        self.inputs[(mb, chunk)] = self.links.receive(
-            "activation", self.module.global_stage(chunk), mb, self._peer(peer),
-            posted=self.posted.pop(("receive_activation", mb, chunk), None))
 
 
 def _reduced(engine, results, holds_last, losses, broadcast_loss):

@@ -38,7 +38,6 @@ class TrainStep(ListRun):
         super().__init__(engine, data_iter)
         self.core = engine._core
         self.gas = engine._gas
-        self.inputs = {}      # (mb, chunk) -> tuple: the stage's input (received tensors are leaves)
         self.outputs = {}     # (mb, chunk) -> tuple of outputs; (scaled loss,) on the last stage
         self.out_grads = {}   # (mb, chunk) -> gradients received for the floating outputs
         self.in_grads = {}    # (mb, chunk) -> gradients of the floating inputs, to send
@@ -126,35 +125,33 @@ class TrainStep(ListRun):
         with self._reported("send_activation", mb, chunk):
             self.links.send(self.outputs[(mb, chunk)], "activation", stage + 1, mb, self._peer(peer))
 
-    def receive_activation(self, mb, chunk, peer):
-        stage = self.module.global_stage(chunk)
-        tensors = self.links.receive("activation", stage, mb, self._peer(peer),
-                                     posted=self.posted.pop(("receive_activation", mb, chunk), None))
-        for t in tensors:
-            if t.is_floating_point():
-                t.requires_grad_()
-        self.inputs[(mb, chunk)] = tensors
-
     def send_gradient(self, mb, chunk, peer):
         stage = self.module.global_stage(chunk)
         with self._reported("send_gradient", mb, chunk):
             self.links.send(self.in_grads.pop((mb, chunk)), "gradient", stage, mb, self._peer(peer))
 
     def receive_gradient(self, mb, chunk, peer):
-        stage = self.module.global_stage(chunk)
-        like = _floating(self.outputs[(mb, chunk)])
-        self.out_grads[(mb, chunk)] = self.links.receive(
-            "gradient", stage + 1, mb, self._peer(peer), like=like,
-            posted=self.posted.pop(("receive_gradient", mb, chunk), None))
+        self._receive("receive_gradient", mb, chunk, peer)
 
-    def _start_receive(self, op, mb, chunk, peer):
-        """A gradient's receive too, once this rank's forward has made the outputs it is for."""
+    def _receive_of(self, op, mb, chunk):
+        """A gradient's receive too: for this chunk's floating outputs, once its forward has made
+        them (None before)."""
         if op == "receive_activation":
-            return super()._start_receive(op, mb, chunk, peer)
+            return super()._receive_of(op, mb, chunk)
         if (mb, chunk) not in self.outputs:
             return None
-        return self.links.post("gradient", self.module.global_stage(chunk) + 1, mb, self._peer(peer),
-                               like=_floating(self.outputs[(mb, chunk)]))
+        return "gradient", self.module.global_stage(chunk) + 1, _floating(self.outputs[(mb, chunk)])
+
+    def _arrived(self, op, mb, chunk, tensors):
+        """A received activation becomes the stage's input, its floating tensors leaves that
+        collect their gradients (kept until the backward); a gradient waits for the backward."""
+        if op == "receive_gradient":
+            self.out_grads[(mb, chunk)] = tensors
+            return
+        for t in tensors:
+            if t.is_floating_point():
+                t.requires_grad_()
+        self.inputs[(mb, chunk)] = tensors
 
     # ----- reductions -----
     def reduce_tied(self, mb, chunk, peer):

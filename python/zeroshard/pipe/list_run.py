@@ -1,7 +1,17 @@
 """What running one rank's instruction list (built and checked in C++: pipeline/schedule.h) takes,
 whatever the list is for: each instruction is the method of the same name on a subclass (TrainStep
-in executor.py, EvalStep in evaluate.py); the data loads; receives started ahead of their
-instruction; failure reports that name the stage and the micro-batch; and the end of the sends."""
+in executor.py, EvalStep in evaluate.py); the data loads; the receives, started at or ahead of their
+instruction and waited for by the instruction that uses their data; failure reports that name the
+stage and the micro-batch; and the end of the sends.
+
+Waiting where the data is used, not at the receive, is what torch.distributed.pipelining's schedules
+do: a rank whose list reads "receive the next activation, send this gradient" sends the gradient
+before it waits. It cannot deadlock a list the checker passed (pipeline/schedule_check.h), which
+proves them under sends that block until received: the lists are projections of one order of
+transfers, every receive is started no later than its place in the list, and a rank only ever
+waits for a transfer placed before where it stands. Were ranks stuck, the earliest unfinished
+transfer in that order would have both ends started (a rank that has not started its end stands
+before it, so is waiting for an earlier one), and so would finish."""
 from zeroshard import _C
 
 
@@ -18,7 +28,8 @@ class ListRun:
         self.data_iter = data_iter if engine._needs_data() else None  # only the first and last stages read
         self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.batches = {}  # mb -> [inputs, labels]: this rank's parts (_take)
-        self.posted = {}   # (receive op, mb, chunk) -> a receive started ahead of its instruction
+        self.posted = {}   # (receive op, mb, chunk) -> a receive started and not yet waited for
+        self.inputs = {}   # (mb, chunk) -> the received tensors a forward takes (_arrived)
 
     def run(self, instructions):
         handlers = {op: getattr(self, op) for op in self.OPS}
@@ -30,20 +41,29 @@ class ListRun:
                 self._post(*instructions[j])
             if op in self.AFTER_THE_LIST:
                 continue
-            if timeline is None and observer is None:
-                handlers[op](mb, chunk, peer)
-                continue
-            start = _C.trace.now_ns()
-            handlers[op](mb, chunk, peer)
-            end = _C.trace.now_ns()
-            if timeline is not None:
-                timeline.append((op, mb, chunk, start / 1e9, end / 1e9))
-            if observer is not None:
-                observer.instruction(op, mb, chunk, start, end)
+            used = USES.get(op)
+            if (used, mb, chunk) in self.posted:  # a receive this instruction needs the data of
+                self._timed(self._wait, timeline, observer, WAIT_NAMES[used], mb, chunk, used)
+            self._timed(handlers[op], timeline, observer, op, mb, chunk, peer)
         # The sends are done before their tensors may be reused. A rank that meets another
         # stage's failure here names it (see PipelineEngine._named_by_world).
         with self.engine._named_by_world(f"last sends{self.REPORT_SUFFIX}"):
             self.links.finish()
+
+    @staticmethod
+    def _timed(call, timeline, observer, name, mb, chunk, *args):
+        """call(mb, chunk, *args), timed for the benchmark's timeline and the observer when they
+        want it."""
+        if timeline is None and observer is None:
+            call(mb, chunk, *args)
+            return
+        start = _C.trace.now_ns()
+        call(mb, chunk, *args)
+        end = _C.trace.now_ns()
+        if timeline is not None:
+            timeline.append((name, mb, chunk, start / 1e9, end / 1e9))
+        if observer is not None:
+            observer.instruction(name, mb, chunk, start, end)
 
     def _reported(self, op, mb, chunk):
         """Around this rank's own work: an error is published, naming the stage, the instruction
@@ -78,18 +98,46 @@ class ListRun:
         return tensors[0] if len(tensors) == 1 else tensors
 
     def _post(self, op, mb, chunk, peer):
-        """Starts a later receive now, so that its data arrives while this rank computes."""
-        posted = self._start_receive(op, mb, chunk, peer)
+        """Starts a later receive now, so that its data arrives while this rank computes; left to
+        its instruction where its layout or the outputs a gradient is for are not known yet."""
+        described = self._receive_of(op, mb, chunk)
+        if described is None:
+            return
+        kind, stage, like = described
+        posted = self.links.post(kind, stage, mb, self._peer(peer), like=like)
         if posted is not None:
             self.posted[(op, mb, chunk)] = posted
 
-    def _start_receive(self, op, mb, chunk, peer):
-        """The receive of an activation (a subclass adds others); None when it is left to its
-        instruction: the boundary's layout is not known yet."""
-        return self.links.post("activation", self.module.global_stage(chunk), mb, self._peer(peer))
+    def _receive(self, op, mb, chunk, peer):
+        """A receive instruction: starts the transfer unless it was started ahead. The instruction
+        that uses the data waits for it (run)."""
+        if (op, mb, chunk) not in self.posted:
+            kind, stage, like = self._receive_of(op, mb, chunk)
+            self.posted[(op, mb, chunk)] = self.links.start_receive(kind, stage, mb, self._peer(peer), like=like)
+
+    def receive_activation(self, mb, chunk, peer):
+        self._receive("receive_activation", mb, chunk, peer)
+
+    def _wait(self, mb, chunk, op):
+        """Waits for the receive (op, mb, chunk) and hands its tensors to _arrived."""
+        self._arrived(op, mb, chunk, self.posted.pop((op, mb, chunk)).wait())
+
+    def _receive_of(self, op, mb, chunk):
+        """(kind, the global stage it enters, like) of a receive, or None while it cannot be
+        started: here an activation's (a subclass adds gradients, like being the outputs they are
+        for)."""
+        return "activation", self.module.global_stage(chunk), None
+
+    def _arrived(self, op, mb, chunk, tensors):
+        """Keeps a received activation as the input of micro-batch mb's forward on chunk."""
+        self.inputs[(mb, chunk)] = tensors
 
 
 _COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+# The computation that uses a receive's data, by its op: it waits for the receive first.
+USES = {"forward": "receive_activation", "backward": "receive_gradient", "backward_input": "receive_gradient"}
+# How such a wait shows in the benchmark's timeline and the trace.
+WAIT_NAMES = {"receive_activation": "wait_activation", "receive_gradient": "wait_gradient"}
 
 
 def receives_ahead(instructions):

@@ -54,11 +54,12 @@ class StageLinks:
     schedule is deadlock-free with sends that block until received, so waiting for a send at any
     later point cannot deadlock either, and it ends no later than that send would have).
 
-    Matching: Gloo matches transfers by tag, so receives can be posted ahead of the instruction
-    that waits for them (post), and their data arrives during the computation before it. NCCL
-    ignores tags and matches each direction between two ranks in issue order, where a receive
-    moved ahead could meet the wrong send: with matches_in_order (set on NCCL) every transfer gets
-    one tag and receives wait for their instruction. The setting can be turned on over Gloo, which
+    Receives are started (post, start_receive) and waited for apart: the runner waits where the
+    data is used (pipe/list_run.py). Matching: Gloo matches transfers by tag, so receives can be
+    posted ahead of their instruction, and their data arrives during the computation before it.
+    NCCL ignores tags and matches each direction between two ranks in issue order, where a
+    receive moved ahead could meet the wrong send: with matches_in_order (set on NCCL) every
+    transfer gets one tag and receives start at their instruction. The setting can be turned on over Gloo, which
     then matches in issue order too (tests/python/test_pipe_parity.py runs NCCL's order that way)."""
 
     def __init__(self, comm, device, dynamic_shape=False):
@@ -156,17 +157,18 @@ class StageLinks:
             tensors.append(t)
         return _Posted(tuple(tensors), works)
 
-    def receive(self, kind, stage, micro_batch, peer, like=None, posted=None):
-        """The tensors of a receive posted earlier, or received now."""
-        if posted is None:
-            key = (kind, stage)
-            layout = None
-            if kind == "activation" and self.dynamic_shape:
-                layout = self._receive_layout(stage, micro_batch, peer)
-            elif kind == "activation" and key not in self._agreed:
-                self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
-            posted = self.post(kind, stage, micro_batch, peer, like, layout)
-        return posted.wait()
+    def start_receive(self, kind, stage, micro_batch, peer, like=None):
+        """post, for a receive whose layout may not be known yet: the activation's layout is
+        received first where it travels with the data (a boundary's first micro-batch, and every
+        one with dynamic_shape), waiting for it. Returns the receive in flight; wait() gives its
+        tensors."""
+        key = (kind, stage)
+        layout = None
+        if kind == "activation" and self.dynamic_shape:
+            layout = self._receive_layout(stage, micro_batch, peer)
+        elif kind == "activation" and key not in self._agreed:
+            self._agreed[key] = (self._receive_layout(stage, micro_batch, peer), micro_batch)
+        return self.post(kind, stage, micro_batch, peer, like, layout)
 
     def _send_layout(self, layout, stage, micro_batch, peer, works, kept):
         """Starts sending the layout (its length, then its codes), adding the transfers and their
