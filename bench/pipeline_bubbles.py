@@ -1,11 +1,15 @@
 """bench/pipeline.py's bubble arithmetic: the closed forms, the measured bubble of one step's
 timelines, the measured costs, and the executed lists simulated (by the checker, _C.pipeline.simulate)
 and replayed at each rank's own costs. A timeline is one rank's [(op, micro_batch, chunk, start_s,
-end_s)] for one step; p stages, m micro-batches, v chunks per rank."""
+end_s)] for one step, an entry per instruction and per wait for received data; p stages, m
+micro-batches, v chunks per rank."""
 import statistics
+
+from zeroshard.pipe.list_run import WAIT_NAMES
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 SENDS, RECEIVES = ("send_activation", "send_gradient"), ("receive_activation", "receive_gradient")
+WAITS = set(WAIT_NAMES.values())  # a timeline's waits for received data, timed apart from the instructions
 
 
 def theory(schedule, p, m, v, F=1.0, B=1.0, W=1.0):
@@ -103,8 +107,7 @@ def bubbles(schedule, p, m, v, ranks):
     timelines = [r["timelines"] for r in ranks]
     for rank, (lst, steps) in enumerate(zip(lists, timelines)):
         planned = [i[:3] for i in lst if i[0] != "optimizer_step"]
-        # The waits for received data (pipe/list_run.py) are timed apart, not list instructions.
-        if any([t[:3] for t in tl if not t[0].startswith("wait_")] != planned for tl in steps):
+        if any([t[:3] for t in tl if t[0] not in WAITS] != planned for tl in steps):
             raise RuntimeError(f"{schedule}: rank {rank} did not execute the list _C.pipeline.build gives")
     avg = mean_costs(timelines)
     per_rank = [rank_costs(steps) for steps in timelines]

@@ -28,10 +28,11 @@ struct ScheduleReport {
 // Runs all p lists (lists[r] is rank r's) in a simulation where a send completes only when its
 // peer reaches the matching receive (rendezvous), so lists that pass also run with buffered
 // sends, and with each receive's wait moved later to where its data is used (the Python runner
-// does both: pipe/list_run.py says why that cannot deadlock). reduce_tied is treated as a collective of every rank. Throws UsageError on the first
-// problem: a deadlock names each blocked rank, its instruction index and what it waits for; any
-// other names the rank, the instruction and the rule it breaks. For lists of no particular
-// schedule (written by hand, or re-simulated at measured costs).
+// does both: pipe/list_run.py says why that cannot deadlock). reduce_tied is treated as a
+// collective of every rank. Throws UsageError on the first problem: a deadlock names each
+// blocked rank, its instruction index and what it waits for; any other names the rank, the
+// instruction and the rule it breaks. For lists of no particular schedule (written by hand, or
+// re-simulated at measured costs).
 ScheduleReport simulate_schedule(const PipelineShape& shape,
                                  const std::vector<std::vector<Instruction>>& lists,
                                  const InstructionCosts& costs = {});

@@ -217,6 +217,7 @@ def test_a_pipelines_instructions_are_traced(tmp_path, capfd):
         ops = {e["name"].split(" mb ")[0] for e in events if e.get("cat") == "pipeline" and e["pid"] == rank}
         assert {"forward", "backward_input", "backward_weight"} <= ops, (rank, ops)
         assert ("send_activation" if rank == 0 else "receive_activation") in ops
+        assert ("wait_gradient" if rank == 0 else "wait_activation") in ops, (rank, ops)
     assert "ms: forward" in [line for line in out.splitlines() if line.startswith("[zeroshard] step 3")][0]
     # The window was the last step: the merged file is written at its end. train_loss goes out
     # after each step, at the samples seen then (DeepSpeed's pipeline engine).

@@ -45,11 +45,12 @@ def _worker(in_order):
     engine.train_batch(rank_micro_batches(batches(1, 2, 4, 1), 2, 4, 0))
     timeline = [(op, mb, chunk) for op, mb, chunk, *_ in engine._timeline]
     listed = [(op, mb, chunk) for op, mb, chunk, _ in engine._instructions if op != "optimizer_step"]
-    uses = {"wait_activation": "forward", "wait_gradient": "backward"}
+    from zeroshard.pipe.list_run import WAIT_NAMES
+    uses = {WAIT_NAMES["receive_activation"]: "forward", WAIT_NAMES["receive_gradient"]: "backward"}
     waits_precede_their_use = all(i + 1 < len(timeline) and timeline[i + 1] == (uses[op], mb, chunk)
                                   for i, (op, mb, chunk) in enumerate(timeline) if op in uses)
-    return {"instructions": [t for t in timeline if not t[0].startswith("wait_")] == listed,
-            "waits": [t for t in timeline if t[0].startswith("wait_")],
+    return {"instructions": [t for t in timeline if t[0] not in uses] == listed,
+            "waits": [t for t in timeline if t[0] in uses],
             "waits_precede_their_use": waits_precede_their_use, "started": started}
 
 
@@ -97,11 +98,12 @@ def _slow_first_stage(in_order):
 def test_a_rank_sends_what_it_owes_before_it_waits_for_data(in_order):
     """Stage 1's 1F1B list reads "backward 0, receive activation 1, send gradient 0, forward 1":
     the gradient goes out at once, while stage 0 is still in its (slow) forward of micro-batch 1,
-    and stage 1 waits for that activation only at its forward."""
+    and stage 1 waits for that activation only at its forward. (On NCCL itself the two transfers
+    share one stream in issue order: there the gradient still leaves after the activation.)"""
     first, last = run_distributed(_slow_first_stage, 2, in_order, timeout=120)
-    assert last[("send_gradient", 0)][1] < first[("forward", 1)][1] - 0.2, (first, last)
-    assert last[("wait_activation", 1)][1] > first[("forward", 1)][1], (first, last)
-    assert last[("wait_activation", 1)][1] < last[("forward", 1)][0] + 1e-3
+    assert last[("send_gradient", 0)][1] < first[("send_activation", 1)][0], (first, last)
+    assert last[("wait_activation", 1)][1] > first[("send_activation", 1)][0], (first, last)
+    assert last[("send_gradient", 0)][1] <= last[("wait_activation", 1)][0] <= last[("forward", 1)][0]
 
 
 def _late_receiver(dynamic_shape):

@@ -51,8 +51,9 @@ class PipelineEngine(ZeroShardEngine):
         # mean loss train_batch returned.
         self.total_loss = None
         self.agg_train_loss = None
-        # (op, micro-batch, chunk, start, end) per instruction of each train_batch, on the
-        # monotonic clock every process shares, when a benchmark sets it to a list.
+        # (op, micro-batch, chunk, start, end) per instruction of each train_batch, and per wait
+        # for received data (list_run.WAIT_NAMES), on the monotonic clock every process shares,
+        # when a benchmark sets it to a list.
         self._timeline = None
         self._batch_fn = None
         self.has_attention_mask = False

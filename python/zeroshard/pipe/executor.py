@@ -31,6 +31,7 @@ class TrainStep(ListRun):
     split), the transfers between stages, and the tie and data-parallel reductions."""
     OPS = ("load_micro_batch", "forward", "backward", "backward_input", "backward_weight", "send_activation",
            "receive_activation", "send_gradient", "receive_gradient", "reduce_tied", "reduce_data_parallel")
+    USES = {**ListRun.USES, "backward": "receive_gradient", "backward_input": "receive_gradient"}
     AFTER_THE_LIST = ("optimizer_step",)  # the engine steps after the list, with the losses in hand
     RECORDS = True
 

@@ -5,18 +5,28 @@ instruction and waited for by the instruction that uses their data; failure repo
 stage and the micro-batch; and the end of the sends.
 
 Waiting where the data is used, not at the receive, is what torch.distributed.pipelining's schedules
-do: a rank whose list reads "receive the next activation, send this gradient" sends the gradient
-before it waits. It cannot deadlock a list the checker passed (pipeline/schedule_check.h), which
-proves them under sends that block until received: the lists are projections of one order of
-transfers, every receive is started no later than its place in the list, and a rank only ever
-waits for a transfer placed before where it stands. Were ranks stuck, the earliest unfinished
-transfer in that order would have both ends started (a rank that has not started its end stands
-before it, so is waiting for an earlier one), and so would finish."""
+do: on Gloo a rank whose list reads "receive the next activation, send this gradient" sends the
+gradient before it waits. Not where the activation's layout travels with it (a boundary's first
+micro-batch, every one with dynamic_shape): that layout is received at the instruction, whose
+transfer it waits for. On NCCL a wait only orders the GPU stream, and the transfers between two
+ranks run on one stream in issue order, so there the gradient still leaves after the activation
+arrives.
+
+It cannot deadlock a list the checker passed (pipeline/schedule_check.h), which proves them under
+sends that block until received: the lists are projections of one order of transfers (between two
+ranks in the same order on both sides), with the tie and data-parallel collectives last on every
+rank. Every receive is started no later than its place in the list, the backend moves a started
+transfer on its own (Gloo's threads, NCCL's stream), and a rank only ever waits for a transfer
+placed at or before where it stands (a receive before the computation that uses it, a send older
+than the ones it issues, a layout at its own instruction). Were ranks stuck, the earliest
+unfinished transfer in that order would have both ends started (a rank that has not started its
+end stands at or before it, so waits for that transfer or an earlier one), and so would finish."""
 from zeroshard import _C
 
 
 class ListRun:
     OPS = ()         # the instructions a subclass's lists hold, each one of its methods
+    USES = {"forward": "receive_activation"}  # a computation -> the receive whose data it waits for
     AFTER_THE_LIST = ()  # instructions its caller carries out once the list has run
     REPORT_SUFFIX = ""  # after the instruction in failure reports (" (eval)")
     RECORDS = False  # whether the benchmark's timeline and the trace see the instructions
@@ -28,8 +38,8 @@ class ListRun:
         self.data_iter = data_iter if engine._needs_data() else None  # only the first and last stages read
         self.last_stage = self.module.num_global_stages - 1  # the global stage that computes the loss
         self.batches = {}  # mb -> [inputs, labels]: this rank's parts (_take)
-        self.posted = {}   # (receive op, mb, chunk) -> a receive started and not yet waited for
-        self.inputs = {}   # (mb, chunk) -> the received tensors a forward takes (_arrived)
+        self.receiving = {}  # (receive op, mb, chunk) -> a receive started and not yet waited for
+        self.inputs = {}   # (mb, chunk) -> the received tensors (_arrived), for the forward and after
 
     def run(self, instructions):
         handlers = {op: getattr(self, op) for op in self.OPS}
@@ -41,10 +51,12 @@ class ListRun:
                 self._post(*instructions[j])
             if op in self.AFTER_THE_LIST:
                 continue
-            used = USES.get(op)
-            if (used, mb, chunk) in self.posted:  # a receive this instruction needs the data of
+            used = self.USES.get(op)
+            if (used, mb, chunk) in self.receiving:  # a receive this instruction needs the data of
                 self._timed(self._wait, timeline, observer, WAIT_NAMES[used], mb, chunk, used)
             self._timed(handlers[op], timeline, observer, op, mb, chunk, peer)
+        if self.receiving:  # a checked list uses every receive: a leftover would meet a later message
+            raise RuntimeError(f"pipeline: receives started and never used: {sorted(self.receiving)}")
         # The sends are done before their tensors may be reused. A rank that meets another
         # stage's failure here names it (see PipelineEngine._named_by_world).
         with self.engine._named_by_world(f"last sends{self.REPORT_SUFFIX}"):
@@ -106,21 +118,25 @@ class ListRun:
         kind, stage, like = described
         posted = self.links.post(kind, stage, mb, self._peer(peer), like=like)
         if posted is not None:
-            self.posted[(op, mb, chunk)] = posted
+            self.receiving[(op, mb, chunk)] = posted
 
     def _receive(self, op, mb, chunk, peer):
         """A receive instruction: starts the transfer unless it was started ahead. The instruction
         that uses the data waits for it (run)."""
-        if (op, mb, chunk) not in self.posted:
-            kind, stage, like = self._receive_of(op, mb, chunk)
-            self.posted[(op, mb, chunk)] = self.links.start_receive(kind, stage, mb, self._peer(peer), like=like)
+        if (op, mb, chunk) not in self.receiving:
+            described = self._receive_of(op, mb, chunk)
+            if described is None:
+                raise RuntimeError(f"pipeline: {op} of micro-batch {mb} chunk {chunk} comes before the forward "
+                                   "whose outputs it is for (the list was not built by pipeline/schedule.cpp)")
+            kind, stage, like = described
+            self.receiving[(op, mb, chunk)] = self.links.start_receive(kind, stage, mb, self._peer(peer), like=like)
 
     def receive_activation(self, mb, chunk, peer):
         self._receive("receive_activation", mb, chunk, peer)
 
     def _wait(self, mb, chunk, op):
         """Waits for the receive (op, mb, chunk) and hands its tensors to _arrived."""
-        self._arrived(op, mb, chunk, self.posted.pop((op, mb, chunk)).wait())
+        self._arrived(op, mb, chunk, self.receiving.pop((op, mb, chunk)).wait())
 
     def _receive_of(self, op, mb, chunk):
         """(kind, the global stage it enters, like) of a receive, or None while it cannot be
@@ -134,9 +150,7 @@ class ListRun:
 
 
 _COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
-# The computation that uses a receive's data, by its op: it waits for the receive first.
-USES = {"forward": "receive_activation", "backward": "receive_gradient", "backward_input": "receive_gradient"}
-# How such a wait shows in the benchmark's timeline and the trace.
+# How a wait for a receive's data (ListRun.USES) shows in the benchmark's timeline and the trace.
 WAIT_NAMES = {"receive_activation": "wait_activation", "receive_gradient": "wait_gradient"}
 
 

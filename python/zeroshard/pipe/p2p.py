@@ -59,8 +59,9 @@ class StageLinks:
     posted ahead of their instruction, and their data arrives during the computation before it.
     NCCL ignores tags and matches each direction between two ranks in issue order, where a
     receive moved ahead could meet the wrong send: with matches_in_order (set on NCCL) every
-    transfer gets one tag and receives start at their instruction. The setting can be turned on over Gloo, which
-    then matches in issue order too (tests/python/test_pipe_parity.py runs NCCL's order that way)."""
+    transfer gets one tag and receives start at their instruction. The setting can be turned on
+    over Gloo, which then matches in issue order too (tests/python/test_pipe_parity.py runs
+    NCCL's order that way)."""
 
     def __init__(self, comm, device, dynamic_shape=False):
         self._comm = comm
