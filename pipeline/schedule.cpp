@@ -215,10 +215,11 @@ void validate_counts(const PipelineShape& shape) {
 // The one owner of this rule (PipelineModule builds the chunks, the engine asks here): chunks
 // interleave over pipeline ranks, and one rank would only run them back to back, a bubble-free
 // but slower 1F1B. Megatron-LM refuses an interleaved pipeline of one stage too.
-void validate_chunks_have_ranks(const PipelineShape& shape) {
+// `lists` names what the lists are for, in the error.
+void validate_chunks_have_ranks(const PipelineShape& shape, const char* lists) {
   ZS_REQUIRE(shape.virtual_stages == 1 || shape.num_stages > 1, "virtual_stages: got ",
-             shape.virtual_stages, " with num_stages 1, expected 1 for schedule interleaved_1f1b "
-             "(model chunks interleave over several pipeline stages)");
+             shape.virtual_stages, " with num_stages 1, expected 1 for ", lists,
+             " (model chunks interleave over several pipeline stages)");
 }
 
 }  // namespace
@@ -231,7 +232,7 @@ void validate_schedule_args(ScheduleKind kind, const PipelineShape& shape) {
                " (only interleaved_1f1b runs several model chunks per rank)");
     return;
   }
-  validate_chunks_have_ranks(shape);
+  validate_chunks_have_ranks(shape, "schedule interleaved_1f1b");
   // Megatron-LM's order takes micro-batches through the chunks in groups of p. With one chunk
   // per rank there are no groups: the order is 1F1B's, which takes any number (Megatron-LM runs
   // its plain 1F1B when no virtual pipeline size is set, with no such rule).
@@ -259,7 +260,7 @@ std::vector<std::vector<Instruction>> build_all_schedules(ScheduleKind kind,
 
 std::vector<std::vector<Instruction>> build_eval_schedules(const PipelineShape& shape) {
   validate_counts(shape);
-  validate_chunks_have_ranks(shape);
+  validate_chunks_have_ranks(shape, "eval_batch's lists");
   // The micro-batches run in groups of p through the chunks, a last short group too, so any
   // number of them (training's interleaved order needs a multiple of p).
   const PassOrder order = schedules::forward_only_order(shape);

@@ -137,3 +137,46 @@ def biased_specs(num_blocks):
     return ([TiedLayerSpec("embed", BiasedEmbed, VOCAB, D_MODEL)] +
             [LayerSpec(Block, D_MODEL) for _ in range(num_blocks)] + [LayerSpec(FinalNorm, D_MODEL),
              TiedLayerSpec("embed", BiasedEmbed, VOCAB, D_MODEL, forward_fn=biased_unembed)])
+
+
+# A model whose stage boundaries carry a tuple (hidden, bool padding mask), as Megatron-DeepSpeed's
+# GPTModelPipe passes its attention mask: test_pipe_engine_api.py and test_pipe_dynamic_shape.py.
+MASKED_VOCAB = 32
+
+
+class MaskedEmbed(torch.nn.Module):
+    """tokens -> (hidden, padding mask): the mask crosses every stage boundary beside the hidden."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(MASKED_VOCAB, D_MODEL)
+
+    def forward(self, tokens):
+        return self.emb(tokens), tokens != 0
+
+
+class MaskedBlock(torch.nn.Module):
+    forwards = 0  # calls, to see checkpointing recompute
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(D_MODEL, D_MODEL)
+
+    def forward(self, inputs):
+        MaskedBlock.forwards += 1
+        h, mask = inputs
+        return h + torch.tanh(self.fc(h)) * mask.unsqueeze(-1), mask
+
+
+class MaskedLMHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(D_MODEL, MASKED_VOCAB)
+
+    def forward(self, inputs):
+        h, _ = inputs
+        return self.out(h)
+
+
+def masked_loss(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, MASKED_VOCAB), labels.reshape(-1))

@@ -23,8 +23,9 @@ def _model(masked):
     if not masked:
         return layer_specs(4), loss_fn, VOCAB
     from zeroshard.pipe import LayerSpec
-    from test_pipe_engine_api import VOCAB as MASKED_VOCAB, Head, MaskedBlock, MaskedEmbed, _loss
-    return [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(Head)], _loss, MASKED_VOCAB
+    from pipe_models import MASKED_VOCAB, MaskedBlock, MaskedEmbed, MaskedLMHead, masked_loss
+    return ([LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(MaskedLMHead)],
+            masked_loss, MASKED_VOCAB)
 
 
 def _steps(dp, vocab):

@@ -9,49 +9,11 @@ averaging floating outputs and naming an integer one (a mask) instead of averagi
 order through two model chunks per rank (groups of micro-batches) and its refusal of 0 micro-batches.
 (PipelineModule(dynamic_shape=True): test_pipe_dynamic_shape.py.)"""
 import torch
-import torch.nn.functional as F
 
 from harness import run_distributed
+from pipe_models import MASKED_VOCAB as VOCAB, MaskedBlock, MaskedEmbed, MaskedLMHead, masked_loss
 
-VOCAB, D, MICRO, GAS = 32, 16, 2, 2
-
-
-class MaskedEmbed(torch.nn.Module):
-    """tokens -> (hidden, padding mask): the mask crosses every stage boundary beside the hidden."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, D)
-
-    def forward(self, tokens):
-        return self.emb(tokens), tokens != 0
-
-
-class MaskedBlock(torch.nn.Module):
-    forwards = 0  # calls, to see checkpointing recompute
-
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(D, D)
-
-    def forward(self, inputs):
-        MaskedBlock.forwards += 1
-        h, mask = inputs
-        return h + torch.tanh(self.fc(h)) * mask.unsqueeze(-1), mask
-
-
-class Head(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.out = torch.nn.Linear(D, VOCAB)
-
-    def forward(self, inputs):
-        h, _ = inputs
-        return self.out(h)
-
-
-def _loss(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+MICRO, GAS = 2, 2
 
 
 def _sequences(count, seq, seed):
@@ -63,8 +25,8 @@ def _api_worker():
     import zeroshard as deepspeed  # as DeepSpeed scripts import it
     from zeroshard.pipe import LayerSpec, PipelineModule
 
-    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(Head)]
-    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="type:MaskedEmbed|Head")
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(MaskedLMHead)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=masked_loss, partition_method="type:MaskedEmbed|Head")
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
               "pipeline": {"activation_checkpoint_interval": 1, "use_reentrant": False}}
@@ -120,7 +82,7 @@ def test_the_pipeline_engine_as_deepspeed_scripts_use_it():
     assert results[1]["logits_shape"] == [MICRO, 9, VOCAB]
 
 
-class MaskedHead(Head):
+class MaskedHead(MaskedLMHead):
     """Head that also returns the padding mask when with_mask is set (read at each forward)."""
     with_mask = True
 
@@ -136,7 +98,7 @@ def _eval_outputs_worker():
     from zeroshard.pipe import LayerSpec, PipelineModule
 
     net = PipelineModule(layers=[LayerSpec(MaskedEmbed), LayerSpec(MaskedBlock), LayerSpec(MaskedHead)],
-                         num_stages=1, loss_fn=_loss)
+                         num_stages=1, loss_fn=masked_loss)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000}
     engine, _, _, _ = zeroshard.initialize(model=net, config=config,
@@ -177,8 +139,8 @@ def _tuple_boundary_worker(in_order):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule
     torch.manual_seed(0)
-    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(Head)]
-    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="uniform", seed_layers=True,
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(MaskedLMHead)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=masked_loss, partition_method="uniform", seed_layers=True,
                          virtual_stages=2)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
@@ -204,8 +166,8 @@ def _eval_order_worker():
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule
     torch.manual_seed(0)
-    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(2)] + [LayerSpec(Head)]
-    net = PipelineModule(layers=layers, num_stages=2, loss_fn=_loss, partition_method="uniform", virtual_stages=2)
+    layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(2)] + [LayerSpec(MaskedLMHead)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=masked_loss, partition_method="uniform", virtual_stages=2)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
               "pipeline": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}

@@ -3,7 +3,6 @@ naming that stage and micro-batch (no hang); a boundary shape that changes betwe
 is named with both shapes; ZeRO stage 2 with a pipeline, a config that disagrees with the module,
 forward/backward/step on a pipeline engine and bad partitions are clear errors; a layer that
 cannot be built on the meta device stops only the partition that needs its count."""
-import os
 import re
 import time
 
@@ -15,7 +14,6 @@ MICRO, GAS = 2, 4
 
 
 def _engine(stages, gas=GAS, extra=None, layers=None, **module_kwargs):
-    import torch
     import zeroshard
     from zeroshard.pipe import PipelineModule
     from pipe_models import layer_specs, loss_fn
@@ -32,7 +30,7 @@ def _engine(stages, gas=GAS, extra=None, layers=None, **module_kwargs):
 def _raising_stage(fail_layer, fail_call, fail_rank, evaluating=False):
     import torch
     import torch.distributed as dist
-    from pipe_models import D_MODEL, batches, layer_specs, rank_micro_batches
+    from pipe_models import batches, layer_specs, rank_micro_batches
     from zeroshard.pipe import LayerSpec
 
     class Fails(torch.nn.Module):
@@ -198,9 +196,8 @@ def test_a_boundary_shape_that_changes_is_named(evaluating):
 
 
 def _config_errors():
-    import zeroshard
     from zeroshard.pipe import PipelineError, PipelineModule
-    from pipe_models import layer_specs, loss_fn
+    from pipe_models import layer_specs
     out = {}
 
     def attempt(name, fn):

@@ -329,5 +329,6 @@ TEST_CASE("eval lists: bad shapes name the argument") {
   REQUIRE_THROWS_WITH(build_eval_schedules({2, 0, 1}),
                       Catch::Matchers::Contains("num_micro_batches: got 0, expected >= 1"));
   REQUIRE_THROWS_WITH(build_eval_schedules({1, 4, 2}),
-                      Catch::Matchers::Contains("virtual_stages: got 2 with num_stages 1"));
+                      Catch::Matchers::Contains("virtual_stages: got 2 with num_stages 1") &&
+                          Catch::Matchers::Contains("expected 1 for eval_batch's lists"));
 }
