@@ -140,7 +140,7 @@ def biased_specs(num_blocks):
 
 
 # A model whose stage boundaries carry a tuple (hidden, bool padding mask), as Megatron-DeepSpeed's
-# GPTModelPipe passes its attention mask: test_pipe_engine_api.py and test_pipe_dynamic_shape.py.
+# GPTModelPipe passes its attention mask.
 MASKED_VOCAB = 32
 
 

@@ -26,7 +26,8 @@ def _api_worker():
     from zeroshard.pipe import LayerSpec, PipelineModule
 
     layers = [LayerSpec(MaskedEmbed)] + [LayerSpec(MaskedBlock) for _ in range(4)] + [LayerSpec(MaskedLMHead)]
-    net = PipelineModule(layers=layers, num_stages=2, loss_fn=masked_loss, partition_method="type:MaskedEmbed|Head")
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=masked_loss,
+                         partition_method="type:MaskedEmbed|MaskedLMHead")
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
               "pipeline": {"activation_checkpoint_interval": 1, "use_reentrant": False}}
@@ -66,7 +67,7 @@ def test_the_pipeline_engine_as_deepspeed_scripts_use_it():
     results = run_distributed(_api_worker, 2, timeout=180)
     for rank, r in enumerate(results):
         assert r["is_engine"], f"rank {rank}: isinstance(engine, deepspeed.PipelineEngine) is False"
-        # type:MaskedEmbed|Head weighs only those two: one per stage, the blocks spread evenly.
+        # type:MaskedEmbed|MaskedLMHead weighs only those two: one per stage, the blocks spread evenly.
         assert r["parts"] == [0, 3, 6], f"rank {rank}: partition {r['parts']}"
         assert r["interval"] == 1, f"rank {rank}: the config's activation_checkpoint_interval did not apply"
         assert r["loss_is_tensor"] and r["loss_device"] == "cpu", r

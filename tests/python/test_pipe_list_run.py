@@ -98,8 +98,8 @@ def _slow_first_stage(in_order):
 def test_a_rank_sends_what_it_owes_before_it_waits_for_data(in_order):
     """Stage 1's 1F1B list reads "backward 0, receive activation 1, send gradient 0, forward 1":
     the gradient goes out at once, while stage 0 is still in its (slow) forward of micro-batch 1,
-    and stage 1 waits for that activation only at its forward. (On NCCL itself the two transfers
-    share one stream in issue order: there the gradient still leaves after the activation.)"""
+    and stage 1 waits for that activation only at its forward (on NCCL itself, not here: see
+    ListRun.run)."""
     first, last = run_distributed(_slow_first_stage, 2, in_order, timeout=120)
     assert last[("send_gradient", 0)][1] < first[("send_activation", 1)][0], (first, last)
     assert last[("wait_activation", 1)][1] > first[("send_activation", 1)][0], (first, last)
@@ -130,3 +130,34 @@ def test_a_send_returns_before_its_peer_receives(dynamic_shape):
     # Two messages may be in flight (p2p.SENDS_IN_FLIGHT); the third waits for the first. The
     # first two end before the sleeping peer starts its first receive.
     assert max(first["sends_ended"][:2]) < last["receives_started"][0], (first, last)
+
+
+def test_a_receive_never_used_is_an_error_published_for_the_other_ranks():
+    """A list not built by pipeline/schedule.cpp may start a receive no computation uses; its
+    message would meet a later step's. One process, the engine's parts stood in for."""
+    import contextlib
+    import types
+    from zeroshard.pipe.list_run import ListRun
+    ns = types.SimpleNamespace
+    published = []
+
+    @contextlib.contextmanager
+    def reported(what):
+        try:
+            yield
+        except RuntimeError:
+            published.append(what)
+            raise
+
+    links = ns(posts_ahead=False, finish=lambda: None, start_receive=lambda *a, **k: ns(wait=lambda: ()))
+    engine = ns(module=ns(num_global_stages=2, global_stage=lambda chunk: 1, stage_id=1), _links=links,
+                _needs_data=lambda: False, _grid=ns(stage_to_global=lambda stage: stage), _timeline=None,
+                _observer=ns(wants_instructions=False), _named_by_world=lambda what: contextlib.nullcontext(),
+                _stage_failure_reported=reported)
+
+    class Run(ListRun):
+        OPS = ("receive_activation",)
+
+    with pytest.raises(RuntimeError, match=r"never used: \[\('receive_activation', 0, 0\)\]"):
+        Run(engine, None).run([("receive_activation", 0, 0, 0)])
+    assert published == ["pipeline stage 1 end of its list"]

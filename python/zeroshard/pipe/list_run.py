@@ -1,26 +1,6 @@
-"""What running one rank's instruction list (built and checked in C++: pipeline/schedule.h) takes,
-whatever the list is for: each instruction is the method of the same name on a subclass (TrainStep
-in executor.py, EvalStep in evaluate.py); the data loads; the receives, started at or ahead of their
-instruction and waited for by the instruction that uses their data; failure reports that name the
-stage and the micro-batch; and the end of the sends.
-
-Waiting where the data is used, not at the receive, is what torch.distributed.pipelining's schedules
-do: on Gloo a rank whose list reads "receive the next activation, send this gradient" sends the
-gradient before it waits. Not where the activation's layout travels with it (a boundary's first
-micro-batch, every one with dynamic_shape): that layout is received at the instruction, whose
-transfer it waits for. On NCCL a wait only orders the GPU stream, and the transfers between two
-ranks run on one stream in issue order, so there the gradient still leaves after the activation
-arrives.
-
-It cannot deadlock a list the checker passed (pipeline/schedule_check.h), which proves them under
-sends that block until received: the lists are projections of one order of transfers (between two
-ranks in the same order on both sides), with the tie and data-parallel collectives last on every
-rank. Every receive is started no later than its place in the list, the backend moves a started
-transfer on its own (Gloo's threads, NCCL's stream), and a rank only ever waits for a transfer
-placed at or before where it stands (a receive before the computation that uses it, a send older
-than the ones it issues, a layout at its own instruction). Were ranks stuck, the earliest
-unfinished transfer in that order would have both ends started (a rank that has not started its
-end stands at or before it, so waits for that transfer or an earlier one), and so would finish."""
+"""Runs one rank's instruction list (built and checked in C++: pipeline/schedule.h), whatever it is
+for: what TrainStep (executor.py) and EvalStep (evaluate.py) share, the loads, the receives (each
+waited for where its data is used), failure reports naming the stage, and the end of the sends."""
 from zeroshard import _C
 
 
@@ -42,6 +22,26 @@ class ListRun:
         self.inputs = {}   # (mb, chunk) -> the received tensors (_arrived), for the forward and after
 
     def run(self, instructions):
+        """Runs the list: each instruction is the method of its name, and a computation that uses
+        a receive's data waits for it first (USES), as torch.distributed.pipelining's schedules
+        wait at the forward or backward. So on Gloo a rank whose list reads "receive the next
+        activation, send this gradient" sends before it waits; not where the activation's layout
+        travels with it (a boundary's first micro-batch, every one with dynamic_shape), which is
+        received at its instruction. On NCCL a wait only orders the GPU stream, and the transfers
+        between two ranks run on one stream in issue order, so there the gradient still leaves
+        after the activation arrives.
+
+        This cannot deadlock a list the checker passed (pipeline/schedule_check.h), which proves
+        them under sends that block until received: the lists are projections of one order of
+        transfers (between two ranks in the same order on both sides), with the tie and
+        data-parallel collectives last on every rank. Every receive is started no later than its
+        place in the list, the backend moves a started transfer on its own (Gloo's threads,
+        NCCL's stream), and a rank only ever waits for a transfer placed at or before where it
+        stands (a receive before the computation that uses it, a send older than the ones it
+        issues, a layout at its own instruction). Were ranks stuck, the earliest unfinished
+        transfer in that order would have both ends started (a rank that has not started its end
+        stands at or before it, so waits for that transfer or an earlier one), and so would
+        finish."""
         handlers = {op: getattr(self, op) for op in self.OPS}
         ahead = receives_ahead(instructions) if self.links.posts_ahead else {}
         timeline = self.engine._timeline if self.RECORDS else None  # a list when the benchmark records
@@ -55,8 +55,11 @@ class ListRun:
             if (used, mb, chunk) in self.receiving:  # a receive this instruction needs the data of
                 self._timed(self._wait, timeline, observer, WAIT_NAMES[used], mb, chunk, used)
             self._timed(handlers[op], timeline, observer, op, mb, chunk, peer)
-        if self.receiving:  # a checked list uses every receive: a leftover would meet a later message
-            raise RuntimeError(f"pipeline: receives started and never used: {sorted(self.receiving)}")
+        # A checked list uses every receive: a leftover would meet a later step's message.
+        with self.engine._stage_failure_reported(
+                f"pipeline stage {self.module.stage_id} end of its list{self.REPORT_SUFFIX}"):
+            if self.receiving:
+                raise RuntimeError(f"pipeline: receives started and never used: {sorted(self.receiving)}")
         # The sends are done before their tensors may be reused. A rank that meets another
         # stage's failure here names it (see PipelineEngine._named_by_world).
         with self.engine._named_by_world(f"last sends{self.REPORT_SUFFIX}"):
@@ -126,8 +129,10 @@ class ListRun:
         if (op, mb, chunk) not in self.receiving:
             described = self._receive_of(op, mb, chunk)
             if described is None:
-                raise RuntimeError(f"pipeline: {op} of micro-batch {mb} chunk {chunk} comes before the forward "
-                                   "whose outputs it is for (the list was not built by pipeline/schedule.cpp)")
+                with self._reported(op, mb, chunk):
+                    raise RuntimeError(f"pipeline: {op} of micro-batch {mb} chunk {chunk} comes before the "
+                                       "forward whose outputs it is for (the list was not built by "
+                                       "pipeline/schedule.cpp)")
             kind, stage, like = described
             self.receiving[(op, mb, chunk)] = self.links.start_receive(kind, stage, mb, self._peer(peer), like=like)
 
