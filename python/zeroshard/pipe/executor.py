@@ -2,9 +2,8 @@
 checked there: pipeline/schedule.h). Each instruction is one method here (what every list's run
 shares is in list_run.py, the stage's received input too); the state between them is per
 (micro-batch, model chunk): its output, and the gradients that arrive for the output or leave for
-the input. An
-instruction of this rank's own that raises is reported through the world communicator before it
-propagates, so every rank's error names the stage and the micro-batch (see
+the input. An instruction of this rank's own that raises is reported through the world
+communicator before it propagates, so every rank's error names the stage and the micro-batch (see
 PipelineEngine._stage_failure_reported)."""
 import torch
 
