@@ -74,6 +74,9 @@ def _check_optimizer(engine, run, source, layout):
     """Loading optimizer state needs the same optimizer: another one's state names (or, for a
     zeroshard checkpoint, its type), or another number of parameter groups, are an error."""
     saved = layout["optimizer"]
+    if saved.get("unread"):
+        raise ValueError(f"load_checkpoint: {saved['unread']}; pass load_optimizer_states=False (or "
+                         "load_module_only=True) to load the weights and let this run's optimizer start anew")
     same_states = list(saved["state_names"]) == list(run.core.state_names)
     same_type = source.kind != "zeroshard" or saved["type"] == run.core.optimizer_type
     if not (same_states and same_type):
@@ -221,7 +224,8 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         run.core.end_entries(False)  # NVMe optimizer state stays as it is on disk
     raise_if_failed(run, error, f"load_checkpoint: reading {path}", consequence=_PARTIAL)
     engine.optimizer.after_load()  # a collective at stage 3: only once every rank has read
-    saved_stages, my_stages = _num_stages(source.section("pipeline")), _num_stages(run.placement.pipeline)
+    saved_stages = layout.get("num_stages") or _num_stages(source.section("pipeline"))
+    my_stages = _num_stages(run.placement.pipeline)
     if (layout["world_size"], layout["zero_stage"], layout["dtype"], saved_stages) != \
             (run.world, run.stage, run.dtype_name, my_stages):
         stages = f", {saved_stages} -> {my_stages} pipeline stage(s)" if saved_stages != my_stages else ""

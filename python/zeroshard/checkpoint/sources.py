@@ -1,6 +1,7 @@
 """Where a load reads from: a zeroshard checkpoint directory (manifest + safetensors, read by range
-in C++) or a DeepSpeed ZeRO checkpoint directory (its .pt files, read with weights_only and an
-allow-list, checkpoint_import/deepspeed.py). Both answer has / shape / read(name, begin, out) for
+in C++), a DeepSpeed ZeRO checkpoint directory (its .pt files, read with weights_only and an
+allow-list, checkpoint_import/deepspeed.py) or a DeepSpeed pipeline one (its layer files,
+checkpoint_import/deepspeed_pipe.py). Both answer has / shape / read(name, begin, out) for
 the names of layout.py and give the sections a load needs in zeroshard's form."""
 import os
 
@@ -9,6 +10,8 @@ import torch
 from zeroshard import _C
 from zeroshard.checkpoint.layout import buffer_key, tensor_name
 from zeroshard.checkpoint_import.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
+from zeroshard.checkpoint_import.deepspeed_pipe import (DeepSpeedPipelineCheckpoint,
+                                                     is_deepspeed_pipeline_checkpoint)
 
 
 # safetensors' dtype names (what manifest.json records) -> torch dtypes: runtime/checkpoint's table.
@@ -161,8 +164,68 @@ class DeepSpeedSource:
         raise KeyError(name)
 
 
+class DeepSpeedPipelineSource:
+    """A DeepSpeed PipelineEngine checkpoint's weights in zeroshard's terms, named as the same layers
+    are without a pipeline ("3.fc1.weight"): a pipeline run reads its ties through
+    checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. Each stored tensor
+    answers as a parameter and as a buffer (DeepSpeed's layer files do not tell them apart)."""
+    kind = "DeepSpeed pipeline"
+
+    def __init__(self, path):
+        self.path = path
+        self.ds = DeepSpeedPipelineCheckpoint(path)
+        self._sections = self.ds.sections()
+
+    def _stored(self, key):
+        for prefix in ("param/", "buffer/"):
+            if key.startswith(prefix) and key[len(prefix):] in self.ds.names:
+                return key[len(prefix):]
+        return None
+
+    def has(self, key):
+        return self._stored(key) is not None
+
+    def open_all(self):  # every file was read whole when opened
+        pass
+
+    def shape(self, key):
+        return list(self.ds.tensor(self._stored(key)).shape)
+
+    def dtype(self, key):
+        return self.ds.tensor(self._stored(key)).dtype
+
+    def read(self, key, begin, out):
+        flat = self.ds.tensor(self._stored(key)).reshape(-1)
+        out.view(-1).copy_(flat[begin:begin + out.numel()])
+
+    def section(self, name):
+        ds = self.ds
+        if name == "layout":
+            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": ds.tensor(n).is_floating_point(),
+                       "group": None} for n in ds.names]
+            unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), "
+                      + ("whose optimizer state zeroshard does not read" if ds.optimizer_saved
+                         else "which holds no optimizer state"))
+            return {"world_size": ds.num_stages * ds.data_parallel_size, "zero_stage": ds.zero_stage,
+                    "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params, "buffers": [],
+                    "aliases": {}, "frozen_excluded": False,
+                    "optimizer": {"type": None, "state_names": [], "unread": unread}}
+        if name == "training_state":
+            saved = self._sections["training_state"]
+            return {"global_steps": saved.get("global_steps", 0), "micro_steps": 0,
+                    "global_samples": saved.get("global_samples", 0), "skipped_steps": saved.get("skipped_steps", 0),
+                    "group_steps": [0], "loss_scaler": DeepSpeedSource._loss_scaler({})}
+        if name in ("lr_scheduler", "client_state"):
+            return self._sections[name]
+        return None  # no param_groups (the optimizer's), no pipeline section (see the class's docstring)
+
+    def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
+        raise KeyError(name)
+
+
 def is_checkpoint(path):
-    return os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)) or is_deepspeed_checkpoint(path)
+    return (os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)) or is_deepspeed_checkpoint(path)
+            or is_deepspeed_pipeline_checkpoint(path))
 
 
 def open_source(path, verify_before_writing=True):
@@ -170,6 +233,8 @@ def open_source(path, verify_before_writing=True):
     `verify_before_writing`: see CheckpointReader (false only where the destination is scratch)."""
     if os.path.exists(os.path.join(path, _C.checkpoint.MANIFEST)):
         return NativeSource(path, verify_before_writing)
+    if is_deepspeed_pipeline_checkpoint(path):  # before the next: it has mp_rank_00_model_states.pt too
+        return DeepSpeedPipelineSource(path)
     if is_deepspeed_checkpoint(path):
         return DeepSpeedSource(path)
     listing = ", ".join(sorted(os.listdir(path))[:8]) or "nothing"

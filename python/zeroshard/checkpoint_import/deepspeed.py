@@ -149,7 +149,8 @@ class DeepSpeedCheckpoint:
         other += [n for n in models + optims if not re.search(r"mp_rank_00_", n)]
         if other:
             raise ValueError(f"{ckpt_dir}: {', '.join(other)}: mixture-of-experts, pipeline or tensor-parallel "
-                             "checkpoints are not supported; expected data parallelism only (mp_rank_00)")
+                             "checkpoints are not supported here; expected data parallelism only (mp_rank_00). "
+                             "A pipeline's (layer_* files) is read by checkpoint_import.deepspeed_pipe")
         if not optims:
             raise FileNotFoundError(f"{ckpt_dir}: no *_optim_states.pt files; a ZeRO checkpoint has one per "
                                     "data-parallel rank (a stage-0 checkpoint is not supported)")
