@@ -1,13 +1,15 @@
-"""A checkpoint that DeepSpeed 0.19.8's PipelineEngine saved (tests/fixtures/deepspeed_pipe/, made
-by make_fixture.py there: pipe_models' layers with the embedding tied to the unembedding, 2 stages,
-ZeRO 0, 3 steps of train_batch) loads with load_checkpoint the way a DeepSpeed script calls it:
-into the same layers as a zeroshard pipeline of 2 stages and of 1, and without a pipeline. Each gets
-DeepSpeed's weights exactly, the loss DeepSpeed's eval_batch gave on a fixed batch after the save,
-its step counters, LR schedule and client_state. Its optimizer state is not read, and a load
-that asks for it is refused before anything is written."""
+"""Checkpoints that DeepSpeed 0.19.8's PipelineEngine saved (tests/fixtures/deepspeed_pipe/<case>/,
+made by make_fixture.py there) load with load_checkpoint the way a DeepSpeed script calls it:
+into the same layers as a zeroshard pipeline of 2 stages and of 1, and without a pipeline.
+- "tied_embed": 2 stages, ZeRO 0, the embedding tied to the unembedding (through forward_fn).
+- "megatron": 2 stages x 2 data, ZeRO 1, Megatron's topology (files named layer_NN-model_00-...),
+  a block with a buffer, and a Linear tied across the stages and used as itself twice.
+Each load gets DeepSpeed's weights and buffers exactly, the loss DeepSpeed's eval_batch gave on a
+fixed batch after the save, and its step counters, LR schedule and client_state. The optimizer
+state is not read, and a load that asks for it is refused before anything is written."""
+import importlib.util
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -16,136 +18,203 @@ from safetensors.torch import load_file
 from harness import run_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "deepspeed_pipe")
-sys.path.insert(0, FIXTURE)
-import make_fixture as made  # noqa: E402 - the fixture's model, batches and settings
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "deepspeed_pipe")
+# The fixtures' layers, batches and settings, under a name of its own (tests/fixtures/deepspeed/ has
+# a make_fixture.py too, which test_checkpoint_reshard.py imports by that name).
+_spec = importlib.util.spec_from_file_location("deepspeed_pipe_fixture", os.path.join(FIXTURES, "make_fixture.py"))
+made = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(made)
 
-EXPECTED = json.load(open(os.path.join(FIXTURE, "expected.json")))
-CKPT = os.path.join(FIXTURE, "ckpt")
+CASES = sorted(made.CASES)
 RTOL = 1e-5
 
 
-def _expected_weights():
-    """DeepSpeed's module state_dicts of both stages, in PipelineModule's names (the tie on both)."""
-    weights = {}
-    for stage in range(EXPECTED["stages"]):
-        weights.update(load_file(os.path.join(FIXTURE, f"expected_stage{stage}.safetensors")))
-    return weights
+def _expected(case):
+    with open(os.path.join(FIXTURES, case, "expected.json")) as f:
+        return json.load(f)
 
 
-def _config():
-    config = made.config()
+def _ckpt(case):
+    return os.path.join(FIXTURES, case, "ckpt")
+
+
+def _expected_state(case):
+    """DeepSpeed's module state_dicts of every stage, in PipelineModule's names (a tie on each
+    stage that uses it)."""
+    state = {}
+    for stage in range(made.STAGES):
+        state.update(load_file(os.path.join(FIXTURES, case, f"expected_stage{stage}.safetensors")))
+    return state
+
+
+def _config(case):
+    config = made.config(case)
     config["steps_per_print"] = 10 ** 6
     return config
 
 
-def _pipeline_rank(stages, **load_kwargs):
+def _numpy(named):
+    """Tensors leave a rank's process as numpy arrays (by value)."""
+    return {n: t.detach().numpy().copy() for n, t in named}
+
+
+def _pipeline_rank(case, stages, weighted_loss=False, **load_kwargs):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-    from pipe_models import loss_fn, rank_micro_batches
-    torch.manual_seed(99)  # unlike the checkpoint's weights, so a missed load shows
-    net = PipelineModule(layers=made.layers(LayerSpec, TiedLayerSpec), num_stages=stages, loss_fn=loss_fn)
-    engine, _, _, _ = zeroshard.initialize(model=net, config=_config(),
+    from pipe_models import WeightedLoss, loss_fn, rank_micro_batches
+    torch.manual_seed(99)  # unlike the checkpoint's weights and buffers, so a missed load shows
+    net = PipelineModule(layers=made.layers(case, LayerSpec, TiedLayerSpec), num_stages=stages,
+                         loss_fn=WeightedLoss() if weighted_loss else loss_fn)
+    engine, _, _, _ = zeroshard.initialize(model=net, config=_config(case),
                                            model_parameters=[p for p in net.parameters() if p.requires_grad])
-    before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    before = {n: t.detach().clone() for n, t in engine.module.state_dict().items()}
     try:
-        path, client = engine.load_checkpoint(CKPT, **load_kwargs)
+        path, client = engine.load_checkpoint(_ckpt(case), **load_kwargs)
     except ValueError as error:
-        unchanged = all(torch.equal(p, before[n]) for n, p in engine.module.named_parameters())
+        unchanged = all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
         return {"error": str(error), "unchanged": unchanged}
     loss = engine.eval_batch(rank_micro_batches(made.eval_batch(), made.MICRO, made.GAS, 0))
     return {"path": path, "client": client, "loss": float(loss), "steps": engine.global_steps,
-            "samples": engine.global_samples, "lr": engine.get_lr(),
-            "scheduler": engine.lr_scheduler.state_dict(),
-            "weights": _numpy(engine.module.named_parameters())}
-
-
-def _numpy(named):
-    """Tensors leave a rank's process as numpy arrays (by value)."""
-    return {n: p.detach().numpy().copy() for n, p in named}
-
-
-def _check_loaded(result, weights):
-    assert result["path"] == os.path.join(CKPT, "step3")
-    assert result["client"] == EXPECTED["client_state"]
-    assert result["steps"] == EXPECTED["global_steps"] and result["samples"] == EXPECTED["global_samples"]
-    assert result["scheduler"]["last_batch_iteration"] == EXPECTED["lr_scheduler"]["last_batch_iteration"]
-    assert result["loss"] == pytest.approx(EXPECTED["eval_loss"], rel=RTOL)
-    for name, value in result["weights"].items():
-        assert torch.equal(torch.from_numpy(value), weights[name]), name
+            "samples": engine.global_samples, "scheduler": engine.lr_scheduler.state_dict(),
+            "state": _numpy(engine.module.state_dict().items())}
 
 
 @pytest.mark.parametrize("stages", [2, 1])
-def test_a_deepspeed_pipeline_checkpoint_loads_into_a_pipeline(stages):
-    results = run_distributed(_pipeline_rank, stages, stages, load_optimizer_states=False, timeout=120)
-    weights = _expected_weights()
+@pytest.mark.parametrize("case", CASES)
+def test_a_deepspeed_pipeline_checkpoint_loads_into_a_pipeline(case, stages):
+    expected, want = _expected(case), _expected_state(case)
+    results = run_distributed(_pipeline_rank, stages, case, stages, load_optimizer_states=False, timeout=120)
     held = set()
     for result in results:
-        _check_loaded(result, weights)
-        held |= set(result["weights"])
-    assert held == set(weights), sorted(set(weights) ^ held)
-    assert "tied_modules.embed.weight" in held
+        assert result["path"] == os.path.join(_ckpt(case), "step3")
+        assert result["client"] == expected["client_state"]
+        assert (result["steps"], result["samples"]) == (expected["global_steps"], expected["global_samples"])
+        assert result["scheduler"]["last_batch_iteration"] == expected["lr_scheduler"]["last_batch_iteration"]
+        assert result["loss"] == pytest.approx(expected["eval_loss"], rel=RTOL)
+        for name, value in result["state"].items():
+            assert torch.equal(torch.from_numpy(value), want[name]), name
+        held |= set(result["state"])
+    assert held == set(want), sorted(set(want) ^ held)
+
+
+def test_a_loss_module_s_buffer_is_left_as_built():
+    """DeepSpeed saves the layers only: a loss_fn module's buffer (class weights) is not in the
+    checkpoint, and stays as the script built it."""
+    want = _expected_state("tied_embed")
+    results = run_distributed(_pipeline_rank, 2, "tied_embed", 2, weighted_loss=True, load_optimizer_states=False,
+                              timeout=120)
+    last = results[-1]["state"]
+    assert list(last["loss_fn.class_weight"]) == pytest.approx(list(torch.linspace(0.5, 1.5, 48).numpy()))
+    for result in results:
+        assert all(torch.equal(torch.from_numpy(v), want[n]) for n, v in result["state"].items()
+                   if not n.startswith("loss_fn."))
 
 
 def test_load_module_only_reads_the_weights_and_nothing_else():
-    result, = run_distributed(_pipeline_rank, 1, 1, load_module_only=True, timeout=120)
+    result, = run_distributed(_pipeline_rank, 1, "tied_embed", 1, load_module_only=True, timeout=120)
     assert result["steps"] == 0
-    assert result["loss"] == pytest.approx(EXPECTED["eval_loss"], rel=RTOL)
+    assert result["loss"] == pytest.approx(_expected("tied_embed")["eval_loss"], rel=RTOL)
 
 
-def test_asking_for_its_optimizer_state_is_refused_before_anything_is_written():
-    results = run_distributed(_pipeline_rank, 2, 2, timeout=120)  # load_optimizer_states defaults to True
+@pytest.mark.parametrize("case", CASES)
+def test_asking_for_its_optimizer_state_is_refused_before_anything_is_written(case):
+    results = run_distributed(_pipeline_rank, 2, case, 2, timeout=120)  # load_optimizer_states defaults to True
     for result in results:
-        assert "optimizer state zeroshard does not read" in result["error"], result["error"]
+        assert f"(ZeRO stage {made.CASES[case][1]}), whose optimizer state zeroshard does not read" in result["error"]
         assert "load_optimizer_states=False" in result["error"]
         assert result["unchanged"]
 
 
-def _plain_rank():
-    """The same layers in one container named by layer index, without a pipeline (ZeRO 0, one rank)."""
-    import zeroshard
+def _plain_model(case):
+    """The case's layers in one container named by layer index, as checkpoint/pipeline.py lays out
+    a pipeline's layers without one: a tie's later uses are its first module again."""
     from zeroshard.pipe import LayerSpec, TiedLayerSpec
-    from pipe_models import loss_fn
-    from test_pipe_checkpoint import plain_layers
 
-    model = plain_layers(made.BLOCKS)
-    specs = made.layers(LayerSpec, TiedLayerSpec)
-    assert [type(m).__name__ for _, m in model.named_children()] == [s.typename.__name__ for s in specs][:-1]
-    config = _config()
-    config["gradient_accumulation_steps"] = 1
-    config["train_micro_batch_size_per_gpu"] = made.MICRO * made.GAS
+    class Layers(torch.nn.Module):
+        def __init__(self, specs):
+            super().__init__()
+            self.funcs, tied = [], {}
+            for i, spec in enumerate(specs):
+                is_tied = isinstance(spec, TiedLayerSpec)
+                module = tied.setdefault(spec.key, spec.build()) if is_tied else spec.build()
+                self.add_module(str(i), module)
+                fn = spec.forward_fn if is_tied else None
+                self.funcs.append(module if fn is None else (lambda x, f=fn, m=module: f(m, x)))
+
+        def forward(self, x):
+            for f in self.funcs:
+                x = f(x)
+            return x
+    torch.manual_seed(99)
+    return Layers(made.layers(case, LayerSpec, TiedLayerSpec))
+
+
+def _plain_rank(case):
+    import zeroshard
+    from pipe_models import loss_fn
+    model = _plain_model(case)
+    config = _config(case)
+    config.update(gradient_accumulation_steps=1, train_micro_batch_size_per_gpu=made.MICRO * made.GAS)
     engine, _, _, _ = zeroshard.initialize(model=model, config=config, model_parameters=model.parameters())
-    engine.load_checkpoint(CKPT, load_optimizer_states=False)
+    engine.load_checkpoint(_ckpt(case), load_optimizer_states=False)
     (x, y), = made.eval_batch()
     with torch.no_grad():
         loss = float(loss_fn(engine(x), y))
-    return {"loss": loss, "steps": engine.global_steps,
-            "weights": _numpy(engine.module.named_parameters())}
+    return {"loss": loss, "steps": engine.global_steps, "state": _numpy(engine.module.state_dict().items())}
 
 
-def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline():
-    result, = run_distributed(_plain_rank, 1, timeout=120)
-    weights = _expected_weights()
-    assert result["steps"] == EXPECTED["global_steps"]
-    assert result["loss"] == pytest.approx(EXPECTED["eval_loss"], rel=RTOL)
-    tied = {"0.weight": "tied_modules.embed.weight"}
-    for name, value in result["weights"].items():
-        assert torch.equal(torch.from_numpy(value), weights[tied.get(name, name)]), name
+@pytest.mark.parametrize("case", CASES)
+def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case):
+    """Same loss as DeepSpeed's eval_batch (the mean over equal micro-batches is the batch's mean)."""
+    expected, want = _expected(case), _expected_state(case)
+    result, = run_distributed(_plain_rank, 1, case, timeout=120)
+    assert result["steps"] == expected["global_steps"]
+    assert result["loss"] == pytest.approx(expected["eval_loss"], rel=RTOL)
+    from zeroshard.pipe import LayerSpec, TiedLayerSpec
+    ties = {str(i): f"tied_modules.{spec.key}" for i, spec in enumerate(made.layers(case, LayerSpec, TiedLayerSpec))
+            if isinstance(spec, TiedLayerSpec)}
+    for name, value in result["state"].items():  # a tie's later uses included (state_dict repeats them)
+        index, rest = name.split(".", 1)
+        stored = f"{ties[index]}.{rest}" if index in ties else name
+        assert torch.equal(torch.from_numpy(value), want[stored]), name
+
+
+def _copy(case, tmp_path, skip=(), change=None):
+    """A copy of the case's tag directory, leaving out `skip`; change: file -> its new state_dict."""
+    out = tmp_path / case
+    out.mkdir()
+    step = os.path.join(_ckpt(case), "step3")
+    for name in os.listdir(step):
+        if name not in skip:
+            (out / name).write_bytes(open(os.path.join(step, name), "rb").read())
+    for name, state in (change or {}).items():
+        torch.save(state, out / name)
+    return str(out)
 
 
 def test_the_reader_names_what_it_cannot_read(tmp_path):
     from zeroshard.checkpoint_import.deepspeed_pipe import DeepSpeedPipelineCheckpoint
-    ckpt = DeepSpeedPipelineCheckpoint(os.path.join(CKPT, "step3"))
-    assert (ckpt.num_stages, ckpt.data_parallel_size, ckpt.zero_stage, ckpt.dtype) == (2, 1, 0, "fp32")
-    assert ckpt.optimizer_saved
-    assert ckpt.names[0] == "0.weight" and "4.weight" not in ckpt.names  # a tie's forward_fn use has no file
-    (tmp_path / "layer_00-model_01-model_states.pt").write_bytes(b"")
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        DeepSpeedPipelineCheckpoint(str(tmp_path))
-    other = tmp_path / "other"
-    other.mkdir()
-    for name in os.listdir(os.path.join(CKPT, "step3")):
-        if name != "mp_rank_01_model_states.pt":
-            (other / name).write_bytes(open(os.path.join(CKPT, "step3", name), "rb").read())
-    with pytest.raises(FileNotFoundError, match="mp_world_size is 2"):
-        DeepSpeedPipelineCheckpoint(str(other))
+    ckpt = DeepSpeedPipelineCheckpoint(os.path.join(_ckpt("megatron"), "step3"))
+    assert (ckpt.num_stages, ckpt.data_parallel_size, ckpt.zero_stage, ckpt.dtype) == (2, 2, 1, "fp32")
+    assert ckpt.optimizer_saved and ckpt.is_buffer("2.shift") and not ckpt.is_buffer("2.block.fc.weight")
+    assert "5.weight" not in ckpt.names  # a tie's use through forward_fn has no file
+    ckpt.share_ties([[0, 5], [1, 3]])
+    assert "1.weight" in ckpt.names and "3.weight" not in ckpt.names
+    # A tie's two files that disagree.
+    layer1 = torch.load(os.path.join(_ckpt("megatron"), "step3", "layer_01-model_00-model_states.pt"))
+    changed = _copy("megatron", tmp_path, change={"layer_03-model_00-model_states.pt":
+                                                   {k: v + 1 for k, v in layer1.items()}})
+    with pytest.raises(ValueError, match="layers 1 and 3 are one tied module, but their files hold different"):
+        DeepSpeedPipelineCheckpoint(changed).share_ties([[1, 3]])
+    (tmp_path / "tp").mkdir()
+    (tmp_path / "tp" / "layer_00-model_01-model_states.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"tensor parallelism \(model ranks 0-1\)"):
+        DeepSpeedPipelineCheckpoint(str(tmp_path / "tp"))
+    with pytest.raises(ValueError, match="mp_world_size is 2"):
+        DeepSpeedPipelineCheckpoint(_copy("tied_embed", tmp_path, skip={"mp_rank_01_model_states.pt"}))
+
+
+def test_consolidation_refuses_it_by_name():
+    from zeroshard.utils.zero_to_fp32 import Consolidated
+    with pytest.raises(ValueError, match="a DeepSpeed pipeline checkpoint: its layer files do not say"):
+        Consolidated(_ckpt("tied_embed"))

@@ -17,7 +17,7 @@ from zeroshard.observe.bars import bar
 
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
-from zeroshard.checkpoint.pipeline import in_run_names
+from zeroshard.checkpoint.pipeline import in_run_names, outside_layers
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
 from zeroshard.log import log_rank0, logger
 
@@ -44,6 +44,14 @@ def _check_names(run, source, layout, strict, held):
     saved = _saved_shapes(source, layout)
     mine = _my_shapes(run)
     missing = [n for n in mine if n not in saved]
+    unsaved = []
+    if layout.get("layers_only") and run.placement.pipeline is not None:
+        # What a pipeline holds beside its layers (a loss_fn module's) was not saved.
+        unsaved = [n for n in missing if outside_layers(n)]
+        missing = [n for n in missing if n not in unsaved]
+        if unsaved:  # on the last stage's ranks: named there
+            logger.warning(f"[rank {run.rank}] load_checkpoint: {', '.join(unsaved[:8])} left as built: a "
+                           f"{source.kind} checkpoint holds the layers only")
     if layout.get("frozen_excluded"):  # frozen parameters were left out on purpose
         frozen = {n for n, t in zip(run.names, run.trainable) if not t}
         frozen |= {n for n, p in run.loose if not p.requires_grad}
@@ -67,7 +75,7 @@ def _check_names(run, source, layout, strict, held):
             logger.warning(f"[rank {run.rank}] {message}")  # its stage's own names: rank 0 does not hold them
         else:
             log_rank0(message, run.rank)
-    return set(missing) | set(wrong)
+    return set(missing) | set(wrong) | set(unsaved)
 
 
 def _check_optimizer(engine, run, source, layout):
@@ -77,6 +85,8 @@ def _check_optimizer(engine, run, source, layout):
     if saved.get("unread"):
         raise ValueError(f"load_checkpoint: {saved['unread']}; pass load_optimizer_states=False (or "
                          "load_module_only=True) to load the weights and let this run's optimizer start anew")
+    if saved["state_names"] is None:  # none saved: the run's starts anew (_load_weights)
+        return
     same_states = list(saved["state_names"]) == list(run.core.state_names)
     same_type = source.kind != "zeroshard" or saved["type"] == run.core.optimizer_type
     if not (same_states and same_type):

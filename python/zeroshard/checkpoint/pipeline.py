@@ -17,7 +17,7 @@ STAGE_LAYOUT = "stage_layout"  # a partial manifest's section: its stage's layou
 _TIED = "tied_modules."
 
 
-def _outside_layers(name):
+def outside_layers(name):
     """A name that is neither a layer's ("<index>.") nor a tie's: what every stage holds besides
     its layers (the loss_fn module's buffers)."""
     head = name.split(".", 1)[0]
@@ -37,7 +37,7 @@ def placement_of(engine) -> Placement:
             not_written |= {n for n, _ in module.named_buffers() if n.startswith(prefix)}
     if module.stage_id != module.last_stage_rank:
         names = [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
-        not_written |= {n for n in names if _outside_layers(n)}
+        not_written |= {n for n in names if outside_layers(n)}
     data_index = grid.get_data_parallel_id()
     return Placement(comm=engine._world_comm, part_rank=data_index,
                      part_world=grid.get_data_parallel_world_size(), describes=data_index == 0,
@@ -95,9 +95,25 @@ def tied_renames(section: dict) -> dict:
     return {f"{_TIED}{key}": str(tie["layers"][0]) for key, tie in section["tied"].items()}
 
 
+def tie_groups(run) -> list:
+    """The layer indices of each of the run's ties: a pipeline's TiedLayerSpecs, or without a
+    pipeline the layers whose parameters are aliases of another layer's."""
+    if run.placement.pipeline is not None:
+        return [list(tie["layers"]) for tie in run.placement.pipeline["tied"].values()]
+    groups = {}
+    for alias, target in run.aliases.items():
+        a, t = alias.split(".", 1)[0], target.split(".", 1)[0]
+        if a.isdigit() and t.isdigit():
+            groups.setdefault(int(t), {int(t)}).add(int(a))
+    return [sorted(g) for g in groups.values()]
+
+
 def in_run_names(source, run):
     """`source` as the run names its tensors: itself, unless one side is a pipeline and the other
-    is not (then its ties are renamed, see the module's docstring)."""
+    is not (then its ties are renamed, see the module's docstring). A source that needs the run's
+    ties to name its tensors (DeepSpeed's pipeline files) is told them first."""
+    if hasattr(source, "bind_ties"):
+        source.bind_ties(tie_groups(run))
     saved, mine = source.section("pipeline"), run.placement.pipeline
     if (saved is None) == (mine is None):
         return source

@@ -1,7 +1,7 @@
 """Where a load reads from: a zeroshard checkpoint directory (manifest + safetensors, read by range
 in C++), a DeepSpeed ZeRO checkpoint directory (its .pt files, read with weights_only and an
 allow-list, checkpoint_import/deepspeed.py) or a DeepSpeed pipeline one (its layer files,
-checkpoint_import/deepspeed_pipe.py). Both answer has / shape / read(name, begin, out) for
+checkpoint_import/deepspeed_pipe.py). All three answer has / shape / read(name, begin, out) for
 the names of layout.py and give the sections a load needs in zeroshard's form."""
 import os
 
@@ -166,9 +166,10 @@ class DeepSpeedSource:
 
 class DeepSpeedPipelineSource:
     """A DeepSpeed PipelineEngine checkpoint's weights in zeroshard's terms, named as the same layers
-    are without a pipeline ("3.fc1.weight"): a pipeline run reads its ties through
-    checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. Each stored tensor
-    answers as a parameter and as a buffer (DeepSpeed's layer files do not tell them apart)."""
+    are without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
+    through checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. The run tells
+    which layers are tied (bind_ties, from in_run_names): the files do not. Only the layers are
+    saved, so what a pipeline holds outside them (a loss_fn module's tensors) is left as built."""
     kind = "DeepSpeed pipeline"
 
     def __init__(self, path):
@@ -176,10 +177,14 @@ class DeepSpeedPipelineSource:
         self.ds = DeepSpeedPipelineCheckpoint(path)
         self._sections = self.ds.sections()
 
+    def bind_ties(self, ties):
+        """ties: the layer indices of each of the run's ties (checkpoint/pipeline.py's tie_groups)."""
+        self.ds.share_ties(ties)
+
     def _stored(self, key):
-        for prefix in ("param/", "buffer/"):
-            if key.startswith(prefix) and key[len(prefix):] in self.ds.names:
-                return key[len(prefix):]
+        kind, _, name = key.partition("/")
+        if kind in ("param", "buffer") and self.ds.has(name) and self.ds.is_buffer(name) == (kind == "buffer"):
+            return name
         return None
 
     def has(self, key):
@@ -201,15 +206,19 @@ class DeepSpeedPipelineSource:
     def section(self, name):
         ds = self.ds
         if name == "layout":
-            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": ds.tensor(n).is_floating_point(),
-                       "group": None} for n in ds.names]
-            unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), "
-                      + ("whose optimizer state zeroshard does not read" if ds.optimizer_saved
-                         else "which holds no optimizer state"))
+            # Which parameters were frozen is not saved; listed as trainable.
+            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
+                      for n in ds.names if not ds.is_buffer(n)]
+            unread = None
+            if ds.optimizer_saved:
+                unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), whose "
+                          "optimizer state zeroshard does not read")
             return {"world_size": ds.num_stages * ds.data_parallel_size, "zero_stage": ds.zero_stage,
-                    "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params, "buffers": [],
-                    "aliases": {}, "frozen_excluded": False,
-                    "optimizer": {"type": None, "state_names": [], "unread": unread}}
+                    "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params,
+                    "buffers": [n for n in ds.names if ds.is_buffer(n)], "aliases": {}, "frozen_excluded": False,
+                    "layers_only": True,
+                    # state_names None: no optimizer state at all (the load starts this run's anew)
+                    "optimizer": {"type": None, "state_names": [] if unread else None, "unread": unread}}
         if name == "training_state":
             saved = self._sections["training_state"]
             return {"global_steps": saved.get("global_steps", 0), "micro_steps": 0,

@@ -53,7 +53,7 @@ ALLOWED_GLOBALS = [
 ]
 
 # Keys DeepSpeed writes into a model states file; the rest is the user's client_state.
-_ENGINE_KEYS = {
+ENGINE_KEYS = {
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
     "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
     "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
@@ -435,11 +435,12 @@ class DeepSpeedCheckpoint:
         return {
             "training_state": training,  # DeepSpeed does not save micro_steps
             "loss_scaler": self._loss_scaler(optim0),
-            "lr_scheduler": _plain(model0.get("lr_scheduler")),
-            "client_state": {k: _plain(v, keep_tensors=True) for k, v in model0.items() if k not in _ENGINE_KEYS},
+            "lr_scheduler": plain_value(model0.get("lr_scheduler")),
+            "client_state": {k: plain_value(v, keep_tensors=True) for k, v in model0.items() if k not in ENGINE_KEYS},
             "optimizer": self._optimizer_section(),
-            "deepspeed": {"version": _plain(model0.get("ds_version")), "config": _plain(model0.get("ds_config")),
-                          "zero_stage": self.zero_stage, "world_size": self.world_size, "dtype": self.dtype},
+            "deepspeed": {"version": plain_value(model0.get("ds_version")),
+                          "config": plain_value(model0.get("ds_config")), "zero_stage": self.zero_stage,
+                          "world_size": self.world_size, "dtype": self.dtype},
         }
 
     @staticmethod
@@ -447,7 +448,7 @@ class DeepSpeedCheckpoint:
         scaler = optim.get("loss_scaler")
         if scaler is None:
             return {}  # BF16_Optimizer: bf16 needs no loss scaling and saves no scaler
-        fields = _plain(vars(scaler))
+        fields = plain_value(vars(scaler))
         section = {"scale": fields.pop("cur_scale", None), "dynamic": bool(optim.get("dynamic_loss_scale"))}
         section.update((k, v) for k, v in fields.items() if k != "dynamic")
         return section
@@ -462,13 +463,13 @@ class DeepSpeedCheckpoint:
             position = {key: k for k, key in enumerate(self._state_keys)}
             groups = []
             for group in base.get("param_groups", []):
-                plain = {k: _plain(v) for k, v in group.items() if k != "params" and not _is_big_tensor(v)}
+                plain = {k: plain_value(v) for k, v in group.items() if k != "params" and not _is_big_tensor(v)}
                 plain["params"] = [n for key in group["params"] for n in names[position[key]]]
                 groups.append(plain)
             step = next((s["step"] for s in base.get("state", {}).values() if "step" in s), None)
         if step is None and groups:
             step = groups[0].get("step")
-        return {"type": _optimizer_type(groups), "step": None if step is None else int(_plain(step)),
+        return {"type": _optimizer_type(groups), "step": None if step is None else int(plain_value(step)),
                 "param_groups": groups}
 
 
@@ -487,7 +488,7 @@ def _optimizer_type(groups):
     return None
 
 
-def _plain(value, keep_tensors=False):
+def plain_value(value, keep_tensors=False):
     """JSON-able copy: tuples become lists, one-element tensors numbers, stand-ins their attributes."""
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -502,9 +503,9 @@ def _plain(value, keep_tensors=False):
     if isinstance(value, torch.dtype):
         return str(value).replace("torch.", "")
     if isinstance(value, dict):
-        return {str(k): _plain(v, keep_tensors) for k, v in value.items()}
+        return {str(k): plain_value(v, keep_tensors) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset, torch.Size)):
-        return [_plain(v, keep_tensors) for v in value]
+        return [plain_value(v, keep_tensors) for v in value]
     if hasattr(value, "__dict__"):
-        return _plain(vars(value), keep_tensors)
+        return plain_value(vars(value), keep_tensors)
     return repr(value)

@@ -80,6 +80,11 @@ class Consolidated:
             raise ValueError(f"dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
         self.path = find_checkpoint(checkpoint_dir, tag)
         self.source = open_source(self.path, verify_before_writing=False)  # scratch buffers
+        if self.source.kind == "DeepSpeed pipeline":
+            raise ValueError(f"{self.path}: a DeepSpeed pipeline checkpoint: its layer files do not say which "
+                             "layers are tied or which parameters were frozen, so it is not consolidated; load "
+                             "it into the model with load_checkpoint(..., load_optimizer_states=False), save, "
+                             "and consolidate that checkpoint")
         layout = self.source.section("layout")
         if layout is None:
             raise ValueError(f"{self.path}: its manifest has no 'layout' section (written by a zeroshard older "
