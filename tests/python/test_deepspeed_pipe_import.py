@@ -112,7 +112,7 @@ def test_a_loss_module_s_buffer_is_left_as_built():
 
 def test_load_module_only_reads_the_weights_and_nothing_else():
     result, = run_distributed(_pipeline_rank, 1, "tied_embed", 1, load_module_only=True, timeout=120)
-    assert result["steps"] == 0
+    assert (result["steps"], result["samples"], result["scheduler"]["last_batch_iteration"]) == (0, 0, -1)
     assert result["loss"] == pytest.approx(_expected("tied_embed")["eval_loss"], rel=RTOL)
 
 
@@ -149,25 +149,38 @@ def _plain_model(case):
     return Layers(made.layers(case, LayerSpec, TiedLayerSpec))
 
 
-def _plain_rank(case):
+def _plain_rank(case, variant=None):
+    """variant "partial_tie": layer 3 is a Linear of its own whose weight (only) is layer 1's;
+    "outside": the container has a parameter of its own, outside the layers."""
     import zeroshard
-    from pipe_models import loss_fn
+    from pipe_models import D_MODEL, loss_fn
     model = _plain_model(case)
+    if variant == "partial_tie":
+        own = torch.nn.Linear(D_MODEL, D_MODEL)
+        own.weight = model._modules["1"].weight
+        model._modules["3"] = own
+        model.funcs[3] = own
+    if variant == "outside":
+        model.extra = torch.nn.Parameter(torch.zeros(3))
     config = _config(case)
     config.update(gradient_accumulation_steps=1, train_micro_batch_size_per_gpu=made.MICRO * made.GAS)
     engine, _, _, _ = zeroshard.initialize(model=model, config=config, model_parameters=model.parameters())
-    engine.load_checkpoint(_ckpt(case), load_optimizer_states=False)
+    try:
+        engine.load_checkpoint(_ckpt(case), load_optimizer_states=False)
+    except ValueError as error:
+        return {"error": str(error)}
     (x, y), = made.eval_batch()
     with torch.no_grad():
         loss = float(loss_fn(engine(x), y))
     return {"loss": loss, "steps": engine.global_steps, "state": _numpy(engine.module.state_dict().items())}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case):
-    """Same loss as DeepSpeed's eval_batch (the mean over equal micro-batches is the batch's mean)."""
+@pytest.mark.parametrize("case, variant", [("tied_embed", None), ("megatron", None), ("megatron", "partial_tie")])
+def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case, variant):
+    """Same loss as DeepSpeed's eval_batch (the mean over equal micro-batches is the batch's mean).
+    partial_tie: only the weight is tied, so layer 3's bias is read from its own file."""
     expected, want = _expected(case), _expected_state(case)
-    result, = run_distributed(_plain_rank, 1, case, timeout=120)
+    result, = run_distributed(_plain_rank, 1, case, variant, timeout=120)
     assert result["steps"] == expected["global_steps"]
     assert result["loss"] == pytest.approx(expected["eval_loss"], rel=RTOL)
     from zeroshard.pipe import LayerSpec, TiedLayerSpec
@@ -179,10 +192,17 @@ def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case):
         assert torch.equal(torch.from_numpy(value), want[stored]), name
 
 
-def _copy(case, tmp_path, skip=(), change=None):
-    """A copy of the case's tag directory, leaving out `skip`; change: file -> its new state_dict."""
-    out = tmp_path / case
-    out.mkdir()
+def test_without_a_pipeline_what_lies_outside_the_layers_is_still_named():
+    """Only a pipeline's loss_fn is left as built: a model's own tensor that no layer file holds
+    is refused under strict, as any other missing name."""
+    result, = run_distributed(_plain_rank, 1, "tied_embed", "outside", timeout=120)
+    assert "missing from the checkpoint: extra" in result["error"], result
+
+
+def _copy(case, out, skip=(), change=None):
+    """A copy of the case's tag directory in `out`, leaving out `skip`; change: file -> its new
+    state_dict."""
+    out.mkdir(parents=True)
     step = os.path.join(_ckpt(case), "step3")
     for name in os.listdir(step):
         if name not in skip:
@@ -194,24 +214,36 @@ def _copy(case, tmp_path, skip=(), change=None):
 
 def test_the_reader_names_what_it_cannot_read(tmp_path):
     from zeroshard.checkpoint_import.deepspeed_pipe import DeepSpeedPipelineCheckpoint
-    ckpt = DeepSpeedPipelineCheckpoint(os.path.join(_ckpt("megatron"), "step3"))
+    step = os.path.join(_ckpt("megatron"), "step3")
+    ckpt = DeepSpeedPipelineCheckpoint(step)
     assert (ckpt.num_stages, ckpt.data_parallel_size, ckpt.zero_stage, ckpt.dtype) == (2, 2, 1, "fp32")
-    assert ckpt.optimizer_saved and ckpt.is_buffer("2.shift") and not ckpt.is_buffer("2.block.fc.weight")
+    assert ckpt.optimizer_saved and "2.shift" in ckpt.names  # a buffer, as in the state_dict
     assert "5.weight" not in ckpt.names  # a tie's use through forward_fn has no file
-    ckpt.share_ties([[0, 5], [1, 3]])
+    ckpt.share_ties([([0, 5], None), ([1, 3], None)])
     assert "1.weight" in ckpt.names and "3.weight" not in ckpt.names
+    layer3 = torch.load(os.path.join(step, "layer_03-model_00-model_states.pt"))
+    # Only a later use has a file: its tensors are named by the tie's first layer.
+    later = DeepSpeedPipelineCheckpoint(_copy("megatron", tmp_path / "later",
+                                              skip={"layer_01-model_00-model_states.pt"}))
+    later.share_ties([([1, 3], None)])
+    assert torch.equal(later.tensor("1.weight"), layer3["weight"]) and "3.weight" not in later.names
     # A tie's two files that disagree.
-    layer1 = torch.load(os.path.join(_ckpt("megatron"), "step3", "layer_01-model_00-model_states.pt"))
-    changed = _copy("megatron", tmp_path, change={"layer_03-model_00-model_states.pt":
-                                                   {k: v + 1 for k, v in layer1.items()}})
-    with pytest.raises(ValueError, match="layers 1 and 3 are one tied module, but their files hold different"):
-        DeepSpeedPipelineCheckpoint(changed).share_ties([[1, 3]])
+    changed = _copy("megatron", tmp_path / "changed", change={"layer_03-model_00-model_states.pt":
+                                                               {k: v + 1 for k, v in layer3.items()}})
+    with pytest.raises(ValueError, match="layers 1 and 3 share 'weight', but their files hold different values"):
+        DeepSpeedPipelineCheckpoint(changed).share_ties([([1, 3], None)])
+    twice = _copy("tied_embed", tmp_path / "twice", change={"layer_01-model_00-model_states.pt": {}})
+    with pytest.raises(ValueError, match="two files for layer 1"):
+        DeepSpeedPipelineCheckpoint(twice)
+    experts = _copy("tied_embed", tmp_path / "experts", change={"layer_2_expert_0_mp_rank_00_model_states.pt": {}})
+    with pytest.raises(ValueError, match="experts"):
+        DeepSpeedPipelineCheckpoint(experts)
     (tmp_path / "tp").mkdir()
     (tmp_path / "tp" / "layer_00-model_01-model_states.pt").write_bytes(b"")
     with pytest.raises(ValueError, match=r"tensor parallelism \(model ranks 0-1\)"):
         DeepSpeedPipelineCheckpoint(str(tmp_path / "tp"))
     with pytest.raises(ValueError, match="mp_world_size is 2"):
-        DeepSpeedPipelineCheckpoint(_copy("tied_embed", tmp_path, skip={"mp_rank_01_model_states.pt"}))
+        DeepSpeedPipelineCheckpoint(_copy("tied_embed", tmp_path / "stage", skip={"mp_rank_01_model_states.pt"}))
 
 
 def test_consolidation_refuses_it_by_name():

@@ -17,7 +17,7 @@ from zeroshard.observe.bars import bar
 
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
-from zeroshard.checkpoint.pipeline import in_run_names, outside_layers
+from zeroshard.checkpoint.pipeline import in_run_names, outside_layers, tie_groups
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
 from zeroshard.log import log_rank0, logger
 
@@ -49,8 +49,9 @@ def _check_names(run, source, layout, strict, held):
         # What a pipeline holds beside its layers (a loss_fn module's) was not saved.
         unsaved = [n for n in missing if outside_layers(n)]
         missing = [n for n in missing if n not in unsaved]
-        if unsaved:  # on the last stage's ranks: named there
-            logger.warning(f"[rank {run.rank}] load_checkpoint: {', '.join(unsaved[:8])} left as built: a "
+        told = [n for n in unsaved if n not in run.placement.not_written]  # once: where a save writes them
+        if told and run.placement.describes:
+            logger.warning(f"[rank {run.rank}] load_checkpoint: {', '.join(told[:8])} left as built: a "
                            f"{source.kind} checkpoint holds the layers only")
     if layout.get("frozen_excluded"):  # frozen parameters were left out on purpose
         frozen = {n for n, t in zip(run.names, run.trainable) if not t}
@@ -85,8 +86,6 @@ def _check_optimizer(engine, run, source, layout):
     if saved.get("unread"):
         raise ValueError(f"load_checkpoint: {saved['unread']}; pass load_optimizer_states=False (or "
                          "load_module_only=True) to load the weights and let this run's optimizer start anew")
-    if saved["state_names"] is None:  # none saved: the run's starts anew (_load_weights)
-        return
     same_states = list(saved["state_names"]) == list(run.core.state_names)
     same_type = source.kind != "zeroshard" or saved["type"] == run.core.optimizer_type
     if not (same_states and same_type):
@@ -209,7 +208,10 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     path, error = os.path.join(load_dir, tag), None
     try:  # everything checked before anything is written
         path, _ = find_checkpoint(load_dir, tag)
-        source = in_run_names(open_source(path), run)
+        source = open_source(path)
+        if hasattr(source, "bind_ties"):  # a source whose files do not say which layers are tied
+            source.bind_ties(tie_groups(run))
+        source = in_run_names(source, run)
         source.open_all()
         layout = source.section("layout")
         saved_names = list(_saved_shapes(source, layout))

@@ -96,24 +96,22 @@ def tied_renames(section: dict) -> dict:
 
 
 def tie_groups(run) -> list:
-    """The layer indices of each of the run's ties: a pipeline's TiedLayerSpecs, or without a
-    pipeline the layers whose parameters are aliases of another layer's."""
+    """The run's ties as [(layer indices, names)]: a pipeline's TiedLayerSpecs (names None: the
+    whole module), or without a pipeline each parameter of one layer that is another layer's
+    ("3.weight" the alias of "1.weight": ([1, 3], {"weight"}))."""
     if run.placement.pipeline is not None:
-        return [list(tie["layers"]) for tie in run.placement.pipeline["tied"].values()]
-    groups = {}
+        return [(list(tie["layers"]), None) for tie in run.placement.pipeline["tied"].values()]
+    ties = []
     for alias, target in run.aliases.items():
-        a, t = alias.split(".", 1)[0], target.split(".", 1)[0]
-        if a.isdigit() and t.isdigit():
-            groups.setdefault(int(t), {int(t)}).add(int(a))
-    return [sorted(g) for g in groups.values()]
+        (a, a_rest), (t, t_rest) = alias.split(".", 1), target.split(".", 1)
+        if a.isdigit() and t.isdigit() and a_rest == t_rest:
+            ties.append(([int(t), int(a)], {a_rest}))
+    return ties
 
 
 def in_run_names(source, run):
     """`source` as the run names its tensors: itself, unless one side is a pipeline and the other
-    is not (then its ties are renamed, see the module's docstring). A source that needs the run's
-    ties to name its tensors (DeepSpeed's pipeline files) is told them first."""
-    if hasattr(source, "bind_ties"):
-        source.bind_ties(tie_groups(run))
+    is not (then its ties are renamed, see the module's docstring)."""
     saved, mine = source.section("pipeline"), run.placement.pipeline
     if (saved is None) == (mine is None):
         return source

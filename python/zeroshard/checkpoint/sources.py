@@ -178,14 +178,13 @@ class DeepSpeedPipelineSource:
         self._sections = self.ds.sections()
 
     def bind_ties(self, ties):
-        """ties: the layer indices of each of the run's ties (checkpoint/pipeline.py's tie_groups)."""
+        """ties: the run's ties (checkpoint/pipeline.py's tie_groups; DeepSpeedPipelineCheckpoint.share_ties)."""
         self.ds.share_ties(ties)
 
     def _stored(self, key):
+        """A stored tensor answers as a parameter and as a buffer (see DeepSpeedPipelineCheckpoint)."""
         kind, _, name = key.partition("/")
-        if kind in ("param", "buffer") and self.ds.has(name) and self.ds.is_buffer(name) == (kind == "buffer"):
-            return name
-        return None
+        return name if kind in ("param", "buffer") and self.ds.has(name) else None
 
     def has(self, key):
         return self._stored(key) is not None
@@ -206,19 +205,16 @@ class DeepSpeedPipelineSource:
     def section(self, name):
         ds = self.ds
         if name == "layout":
-            # Which parameters were frozen is not saved; listed as trainable.
+            # Every tensor as a parameter (see _stored); which were frozen is not saved.
             params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
-                      for n in ds.names if not ds.is_buffer(n)]
-            unread = None
-            if ds.optimizer_saved:
-                unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), whose "
-                          "optimizer state zeroshard does not read")
+                      for n in ds.names]
+            unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), "
+                      + ("whose optimizer state zeroshard does not read" if ds.optimizer_saved
+                         else "which holds no optimizer state"))
             return {"world_size": ds.num_stages * ds.data_parallel_size, "zero_stage": ds.zero_stage,
-                    "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params,
-                    "buffers": [n for n in ds.names if ds.is_buffer(n)], "aliases": {}, "frozen_excluded": False,
-                    "layers_only": True,
-                    # state_names None: no optimizer state at all (the load starts this run's anew)
-                    "optimizer": {"type": None, "state_names": [] if unread else None, "unread": unread}}
+                    "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params, "buffers": [],
+                    "aliases": {}, "frozen_excluded": False, "layers_only": True,
+                    "optimizer": {"type": None, "state_names": [], "unread": unread}}
         if name == "training_state":
             saved = self._sections["training_state"]
             return {"global_steps": saved.get("global_steps", 0), "micro_steps": 0,

@@ -18,7 +18,6 @@ __all__ = ["DeepSpeedPipelineCheckpoint", "is_deepspeed_pipeline_checkpoint"]
 # "-model_00" even without tensor parallelism.
 LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 STAGE_FILE_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-_TIED = "tied_modules."
 
 
 def is_deepspeed_pipeline_checkpoint(path):
@@ -30,11 +29,11 @@ class DeepSpeedPipelineCheckpoint:
     """A DeepSpeed pipeline checkpoint directory (`<load_dir>/<tag>`), opened and checked whole.
 
     Each layer file holds that layer's state_dict; its tensors are named as a PipelineModule's layers
-    are without a pipeline, by global layer index ("3.fc1.weight"). A tied layer is in the file of
+    are without a pipeline, by global layer index ("3.fc1.weight"), parameters and buffers alike (a
+    state_dict, and DeepSpeed's load of one, does not tell them apart). A tied layer is in the file of
     each of its uses whose forward is the module itself (DeepSpeed writes none for a use through
-    forward_fn); share_ties() names all of a tie's tensors by its first layer, as zeroshard does.
-    The stage files name the buffers; training state, LR scheduler and client_state come from stage
-    0's.
+    forward_fn); share_ties() names a tie's tensors by its first layer, as zeroshard does. Training
+    state, LR scheduler and client_state come from stage 0's file.
 
     The optimizer state is not read: without ZeRO DeepSpeed keeps it per stage as a torch
     state_dict numbered by the stage's parameter order, which the files do not name, and under ZeRO-1
@@ -52,9 +51,14 @@ class DeepSpeedPipelineCheckpoint:
             if match and int(match.group(2) or 0) > 0:
                 ranks = 1 + max(int(m.group(2) or 0) for m in map(LAYER_FILE_RE.match, names) if m)
                 raise ValueError(f"{ckpt_dir}: {name}: a pipeline checkpoint with tensor parallelism (model "
-                                 f"ranks 0-{ranks - 1}); only pipeline and data parallelism are read")
+                                 f"ranks 0-{ranks - 1}); only pipeline and data parallelism are read: merge its "
+                                 "tensor-parallel ranks into one (model_00) first")
             if match:
-                layer_files[int(match.group(1))] = name
+                index = int(match.group(1))
+                if index in layer_files:
+                    raise ValueError(f"{ckpt_dir}: {layer_files[index]} and {name}: two files for layer {index} "
+                                     "(files of two saves in one tag directory?)")
+                layer_files[index] = name
         experts = [n for n in names if n.startswith("expp_rank_") or re.match(r"^layer_\d+_expert_", n)]
         if experts:
             raise ValueError(f"{ckpt_dir}: {', '.join(sorted(experts)[:4])}: a checkpoint with experts (MoE); "
@@ -77,15 +81,16 @@ class DeepSpeedPipelineCheckpoint:
         self._tensors = {}  # "<layer index>.<name>" -> tensor, in layer order
         for index in sorted(layer_files):
             self._read_layer(index, os.path.join(ckpt_dir, layer_files[index]))
-        # As PipelineModule names them: "3.bn.running_mean", "tied_modules.<key>.<name>".
-        self._buffer_names = {n for state in stage_files for n in (state.get("buffer_names") or [])}
-        floating = [t for t in self._tensors.values() if t.is_floating_point()]
-        if not floating:
+        elements = {}  # floating dtype -> elements: the weights' dtype has the most
+        for t in self._tensors.values():
+            if t.is_floating_point():
+                elements[t.dtype] = elements.get(t.dtype, 0) + t.numel()
+        if not elements:
             raise ValueError(f"{ckpt_dir}: the layer files hold no floating-point tensor")
-        if floating[0].dtype not in PRECISION_OF:
-            raise ValueError(f"{ckpt_dir}: the layers are {floating[0].dtype}; expected float32, bfloat16 or "
-                             "float16")
-        self.dtype = PRECISION_OF[floating[0].dtype]
+        dtype = max(elements, key=elements.get)
+        if dtype not in PRECISION_OF:
+            raise ValueError(f"{ckpt_dir}: the layers are {dtype}; expected float32, bfloat16 or float16")
+        self.dtype = PRECISION_OF[dtype]
         self.optimizer_saved = (any(n.endswith("_optim_states.pt") for n in names)
                                 or any(state.get("optimizer") is not None for state in stage_files))
 
@@ -104,26 +109,32 @@ class DeepSpeedPipelineCheckpoint:
             self._tensors[f"{index}.{key}"] = value
 
     def share_ties(self, ties):
-        """ties: the layer indices of each tie, first use first (what the model says: the files do
-        not). Each tie's tensors are named by its first layer, read from the first of its uses that
-        has a file; another use's file must hold the same values."""
-        for layers in ties:
+        """ties: [(layer indices, names)] of each tie, as the model ties them (the files do not say):
+        names None for a tied module (all of its tensors), else the tensor names within the layers
+        that are one tensor ("weight" for layers 1 and 3). A tie's tensors are named by its first
+        layer, read from the first of its layers that has them; another layer's copy must hold the
+        same values."""
+        for layers, names in ties:
             layers = sorted(layers)
-            stored = [i for i in layers if any(n.startswith(f"{i}.") for n in self._tensors)]
+            stored = [i for i in layers if self._held(i, names)]
             if not stored:
                 continue
-            source = stored[0]
-            kept = {n[len(f"{source}."):]: t for n, t in self._tensors.items() if n.startswith(f"{source}.")}
+            source, kept = stored[0], self._held(stored[0], names)
             for other in stored[1:]:
-                for rest, value in kept.items():
-                    again = self._tensors.pop(f"{other}.{rest}", None)
-                    if again is not None and not torch.equal(again, value):
-                        raise ValueError(f"{self.path}: layers {source} and {other} are one tied module, but "
-                                         f"their files hold different {rest!r}")
+                for rest, name in self._held(other, names).items():
+                    if rest in kept:
+                        if not torch.equal(self._tensors.pop(name), self._tensors[kept[rest]]):
+                            raise ValueError(f"{self.path}: layers {source} and {other} share {rest!r}, but "
+                                             "their files hold different values")
             if source != layers[0]:
-                self._tensors = {(f"{layers[0]}.{n[len(f'{source}.'):]}" if n.startswith(f"{source}.") else n): t
-                                 for n, t in self._tensors.items()}
-        self._ties = [sorted(layers) for layers in ties]
+                renamed = {name: f"{layers[0]}.{rest}" for rest, name in kept.items()}
+                self._tensors = {renamed.get(n, n): t for n, t in self._tensors.items()}
+
+    def _held(self, index, names):
+        """{name within the layer: stored name} of layer `index`'s tensors (of `names` only, unless None)."""
+        prefix = f"{index}."
+        return {n[len(prefix):]: n for n in self._tensors
+                if n.startswith(prefix) and (names is None or n[len(prefix):] in names)}
 
     @property
     def names(self):
@@ -135,15 +146,6 @@ class DeepSpeedPipelineCheckpoint:
 
     def tensor(self, name):
         return self._tensors[name]
-
-    def is_buffer(self, name):
-        """Whether a stored tensor is a buffer, by the stage files' buffer_names (a tie's, named
-        tied_modules.<key>.<name> there, match any tied layer's <name>)."""
-        if name in self._buffer_names:
-            return True
-        index, rest = name.split(".", 1)
-        tied = any(int(index) in layers for layers in getattr(self, "_ties", ()))
-        return tied and any(b.startswith(_TIED) and b.split(".", 2)[2] == rest for b in self._buffer_names)
 
     def sections(self):
         """Plain JSON values (client_state may also hold CPU tensors, as saved)."""

@@ -18,6 +18,7 @@ import torch
 from zeroshard import _C
 from zeroshard.checkpoint.layout import buffer_key, tensor_name
 from zeroshard.checkpoint.sources import TORCH_DTYPES, is_checkpoint, open_source, tags_in
+from zeroshard.checkpoint_import.deepspeed_pipe import is_deepspeed_pipeline_checkpoint
 from zeroshard.checkpoint.sources import find_checkpoint as find_source
 from zeroshard.dtypes import PRECISIONS
 
@@ -79,12 +80,12 @@ class Consolidated:
         if dtype not in PRECISIONS:
             raise ValueError(f"dtype: got {dtype!r}, expected one of {', '.join(PRECISIONS)}")
         self.path = find_checkpoint(checkpoint_dir, tag)
-        self.source = open_source(self.path, verify_before_writing=False)  # scratch buffers
-        if self.source.kind == "DeepSpeed pipeline":
+        if is_deepspeed_pipeline_checkpoint(self.path):
             raise ValueError(f"{self.path}: a DeepSpeed pipeline checkpoint: its layer files do not say which "
                              "layers are tied or which parameters were frozen, so it is not consolidated; load "
                              "it into the model with load_checkpoint(..., load_optimizer_states=False), save, "
                              "and consolidate that checkpoint")
+        self.source = open_source(self.path, verify_before_writing=False)  # scratch buffers
         layout = self.source.section("layout")
         if layout is None:
             raise ValueError(f"{self.path}: its manifest has no 'layout' section (written by a zeroshard older "
