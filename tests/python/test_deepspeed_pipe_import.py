@@ -150,16 +150,21 @@ def _plain_model(case):
 
 
 def _plain_rank(case, variant=None):
-    """variant "partial_tie": layer 3 is a Linear of its own whose weight (only) is layer 1's;
-    "outside": the container has a parameter of its own, outside the layers."""
+    """variant "partial_tie": layer 3 is a ScaledLinear of its own whose weight (only) is layer 1's;
+    "shift_param": the block's buffer `shift` is a parameter here; "outside": the container has a
+    parameter of its own, outside the layers."""
     import zeroshard
     from pipe_models import D_MODEL, loss_fn
     model = _plain_model(case)
     if variant == "partial_tie":
-        own = torch.nn.Linear(D_MODEL, D_MODEL)
+        own = made.ScaledLinear(D_MODEL)
         own.weight = model._modules["1"].weight
         model._modules["3"] = own
         model.funcs[3] = own
+    if variant == "shift_param":
+        block = model._modules["2"]
+        del block._buffers["shift"]
+        block.shift = torch.nn.Parameter(torch.zeros(D_MODEL))
     if variant == "outside":
         model.extra = torch.nn.Parameter(torch.zeros(3))
     config = _config(case)
@@ -175,10 +180,13 @@ def _plain_rank(case, variant=None):
     return {"loss": loss, "steps": engine.global_steps, "state": _numpy(engine.module.state_dict().items())}
 
 
-@pytest.mark.parametrize("case, variant", [("tied_embed", None), ("megatron", None), ("megatron", "partial_tie")])
+@pytest.mark.parametrize("case, variant", [("tied_embed", None), ("megatron", None), ("megatron", "partial_tie"),
+                                           ("megatron", "shift_param")])
 def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case, variant):
     """Same loss as DeepSpeed's eval_batch (the mean over equal micro-batches is the batch's mean).
-    partial_tie: only the weight is tied, so layer 3's bias is read from its own file."""
+    megatron's tied ScaledLinear (layers 1 and 3) shares its weight, bias and buffer; partial_tie
+    shares only the weight, so layer 3's bias and buffer are read from its own file. shift_param: a
+    name saved as a buffer loads into a parameter, as DeepSpeed's load_state_dict loads it."""
     expected, want = _expected(case), _expected_state(case)
     result, = run_distributed(_plain_rank, 1, case, variant, timeout=120)
     assert result["steps"] == expected["global_steps"]
@@ -242,6 +250,14 @@ def test_the_reader_names_what_it_cannot_read(tmp_path):
     (tmp_path / "tp" / "layer_00-model_01-model_states.pt").write_bytes(b"")
     with pytest.raises(ValueError, match=r"tensor parallelism \(model ranks 0-1\)"):
         DeepSpeedPipelineCheckpoint(str(tmp_path / "tp"))
+    # A checkpoint without optimizer state needs load_optimizer_states=False all the same.
+    from zeroshard.checkpoint.sources import DeepSpeedPipelineSource
+    from zeroshard.checkpoint_import.deepspeed import load_file as load_ds_file
+    step = os.path.join(_ckpt("tied_embed"), "step3")
+    stages = {n: {**load_ds_file(os.path.join(step, n)), "optimizer": None}
+              for n in ("mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt")}
+    bare = DeepSpeedPipelineSource(_copy("tied_embed", tmp_path / "bare", change=stages))
+    assert bare.section("layout")["optimizer"]["unread"].endswith("(ZeRO stage 0), which holds no optimizer state")
     with pytest.raises(ValueError, match="mp_world_size is 2"):
         DeepSpeedPipelineCheckpoint(_copy("tied_embed", tmp_path / "stage", skip={"mp_rank_01_model_states.pt"}))
 

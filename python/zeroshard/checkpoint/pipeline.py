@@ -97,16 +97,22 @@ def tied_renames(section: dict) -> dict:
 
 def tie_groups(run) -> list:
     """The run's ties as [(layer indices, names)]: a pipeline's TiedLayerSpecs (names None: the
-    whole module), or without a pipeline each parameter of one layer that is another layer's
-    ("3.weight" the alias of "1.weight": ([1, 3], {"weight"}))."""
+    whole module), or without a pipeline each parameter or buffer that several layers hold under
+    one name ("1.weight" also "3.weight": ([1, 3], {"weight"})). A tensor shared under another
+    name, or with a holder that is not a layer, is left out: a load names it as it differs."""
     if run.placement.pipeline is not None:
         return [(list(tie["layers"]), None) for tie in run.placement.pipeline["tied"].values()]
-    ties = []
-    for alias, target in run.aliases.items():
-        (a, a_rest), (t, t_rest) = alias.split(".", 1), target.split(".", 1)
-        if a.isdigit() and t.isdigit() and a_rest == t_rest:
-            ties.append(([int(t), int(a)], {a_rest}))
-    return ties
+    shared = {}  # (first layer, name within it) -> the layers that hold that tensor
+    for named in (run.module.named_parameters, run.module.named_buffers):
+        first = {}
+        for name, tensor in named(remove_duplicate=False):
+            head, _, rest = name.partition(".")
+            if not head.isdigit():
+                continue
+            t, t_rest = first.setdefault(id(tensor), (int(head), rest))
+            if t_rest == rest:
+                shared.setdefault((t, rest), {t}).add(int(head))
+    return [(sorted(layers), {rest}) for (_, rest), layers in shared.items() if len(layers) > 1]
 
 
 def in_run_names(source, run):

@@ -168,7 +168,8 @@ class DeepSpeedPipelineSource:
     """A DeepSpeed PipelineEngine checkpoint's weights in zeroshard's terms, named as the same layers
     are without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
     through checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. The run tells
-    which layers are tied (bind_ties, from in_run_names): the files do not. Only the layers are
+    what is tied (load.py calls bind_ties with its whole tied modules or shared tensors): the files
+    do not. Only the layers are
     saved, so what a pipeline holds outside them (a loss_fn module's tensors) is left as built."""
     kind = "DeepSpeed pipeline"
 

@@ -18,8 +18,8 @@ import torch
 from zeroshard import _C
 from zeroshard.checkpoint.layout import buffer_key, tensor_name
 from zeroshard.checkpoint.sources import TORCH_DTYPES, is_checkpoint, open_source, tags_in
-from zeroshard.checkpoint_import.deepspeed_pipe import is_deepspeed_pipeline_checkpoint
 from zeroshard.checkpoint.sources import find_checkpoint as find_source
+from zeroshard.checkpoint_import.deepspeed_pipe import is_deepspeed_pipeline_checkpoint
 from zeroshard.dtypes import PRECISIONS
 
 CK = _C.checkpoint
