@@ -2,7 +2,7 @@
 made by make_fixture.py there) load with load_checkpoint the way a DeepSpeed script calls it:
 into the same layers as a zeroshard pipeline of 2 stages and of 1, and without a pipeline.
 - "tied_embed": 2 stages, ZeRO 0, the embedding tied to the unembedding (through forward_fn).
-- "bf16": the same layers in bf16 at ZeRO 1 (BF16_Optimizer's files).
+- "bf16": the same layers in bf16 at ZeRO 1 (DeepSpeed's bf16_zero_pp_rank_* files, its ZeRO-1 optimizer).
 - "megatron": 2 stages x 2 data, ZeRO 1, Megatron's topology (files named layer_NN-model_00-...),
   a block with a buffer, and a Linear tied across the stages and used as itself twice.
 Each load gets DeepSpeed's weights and buffers exactly, the loss DeepSpeed's eval_batch gave on a
@@ -80,9 +80,15 @@ def _pipeline_rank(case, stages, weighted_loss=False, **load_kwargs):
         unchanged = all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
         return {"error": str(error), "unchanged": unchanged}
     loss = engine.eval_batch(rank_micro_batches(made.eval_batch(), made.MICRO, made.GAS, 0))
+    # The fp32 masters (one group, one data-parallel rank: the whole flat group) are the loaded
+    # weights, widened where the run is 16-bit.
+    weights = torch.cat([p.detach().float().reshape(-1) for p in engine.optimizer.param_groups[0]["params"]])
+    master = engine._core.master(0)
     return {"path": path, "client": client, "loss": float(loss), "steps": engine.global_steps,
             "samples": engine.global_samples, "scheduler": engine.lr_scheduler.state_dict(),
-            "state": _numpy(engine.module.state_dict().items())}
+            "state": _numpy(engine.module.state_dict().items()),
+            "dtypes": {n: str(t.dtype) for n, t in engine.module.state_dict().items()},
+            "masters_are_the_weights": torch.equal(master[:weights.numel()], weights)}
 
 
 @pytest.mark.parametrize("stages", [2, 1])
@@ -99,6 +105,8 @@ def test_a_deepspeed_pipeline_checkpoint_loads_into_a_pipeline(case, stages):
         assert result["loss"] == pytest.approx(expected["eval_loss"], rel=RTOL.get(case, 1e-5))
         for name, value in result["state"].items():
             assert _same(value, want[name]), name
+            assert result["dtypes"][name] == str(want[name].dtype), name
+        assert result["masters_are_the_weights"]
         held |= set(result["state"])
     assert held == set(want), sorted(set(want) ^ held)
 
