@@ -46,6 +46,30 @@ def layer_specs(num_blocks, tied=True):
     return layers
 
 
+class IndexedLayers(torch.nn.Module):
+    """LayerSpecs built in one container whose children are named by layer index, as
+    checkpoint/pipeline.py lays out a pipeline's layers without one: a tied layer's later uses are
+    its first module again (through forward_fn where it has one)."""
+
+    def __init__(self, specs):
+        super().__init__()
+        from zeroshard.pipe import TiedLayerSpec
+        self.funcs, tied = [], {}
+        for i, spec in enumerate(specs):
+            is_tied = isinstance(spec, TiedLayerSpec)
+            module = tied[spec.key] if is_tied and spec.key in tied else spec.build()
+            if is_tied:
+                tied.setdefault(spec.key, module)
+            self.add_module(str(i), module)
+            fn = spec.forward_fn if is_tied else None
+            self.funcs.append(module if fn is None else (lambda x, f=fn, m=module: f(m, x)))
+
+    def forward(self, x):
+        for f in self.funcs:
+            x = f(x)
+        return x
+
+
 class Reference(torch.nn.Module):
     """The same layers in one process, built with PipelineModule's seed_layers seeds (layer i
     after torch.manual_seed(base_seed + i)); a tied layer is the first one's module again.

@@ -149,27 +149,11 @@ def test_asking_for_its_optimizer_state_is_refused_before_anything_is_written(ca
 
 
 def _plain_model(case):
-    """The case's layers in one container named by layer index, as checkpoint/pipeline.py lays out
-    a pipeline's layers without one: a tie's later uses are its first module again."""
+    """The case's layers in one container named by layer index (pipe_models.IndexedLayers)."""
     from zeroshard.pipe import LayerSpec, TiedLayerSpec
-
-    class Layers(torch.nn.Module):
-        def __init__(self, specs):
-            super().__init__()
-            self.funcs, tied = [], {}
-            for i, spec in enumerate(specs):
-                is_tied = isinstance(spec, TiedLayerSpec)
-                module = tied.setdefault(spec.key, spec.build()) if is_tied else spec.build()
-                self.add_module(str(i), module)
-                fn = spec.forward_fn if is_tied else None
-                self.funcs.append(module if fn is None else (lambda x, f=fn, m=module: f(m, x)))
-
-        def forward(self, x):
-            for f in self.funcs:
-                x = f(x)
-            return x
-    torch.manual_seed(99)
-    return Layers(made.layers(case, LayerSpec, TiedLayerSpec))
+    from pipe_models import IndexedLayers
+    torch.manual_seed(99)  # unlike the checkpoint's weights and buffers, so a missed load shows
+    return IndexedLayers(made.layers(case, LayerSpec, TiedLayerSpec))
 
 
 def _plain_rank(case, variant=None):

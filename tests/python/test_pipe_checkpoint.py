@@ -45,31 +45,12 @@ def _pipeline(stages, blocks=BLOCKS, base_seed=1234, zero_stage=1, virtual=1):
 
 
 def plain_layers(blocks=BLOCKS, seed=99):
-    """The pipeline's layers in one container named by layer index (the rule of
-    checkpoint/pipeline.py): the tied unembedding is the embedding module again."""
+    """The pipeline's layers in one container named by layer index (pipe_models.IndexedLayers): the
+    tied unembedding is the embedding module again."""
     import torch
-    from zeroshard.pipe import TiedLayerSpec
-    from pipe_models import layer_specs
-
-    class Layers(torch.nn.Module):
-        def __init__(self, specs):
-            super().__init__()
-            torch.manual_seed(seed)  # unlike the checkpoint's weights, so a missed load shows
-            self.funcs, tied = [], {}
-            for i, spec in enumerate(specs):
-                is_tied = isinstance(spec, TiedLayerSpec)
-                module = tied[spec.key] if is_tied and spec.key in tied else spec.build()
-                if is_tied:
-                    tied.setdefault(spec.key, module)
-                self.add_module(str(i), module)
-                fn = spec.forward_fn if is_tied else None
-                self.funcs.append(module if fn is None else (lambda x, f=fn, m=module: f(m, x)))
-
-        def forward(self, x):
-            for f in self.funcs:
-                x = f(x)
-            return x
-    return Layers(layer_specs(blocks))
+    from pipe_models import IndexedLayers, layer_specs
+    torch.manual_seed(seed)  # unlike the checkpoint's weights, so a missed load shows
+    return IndexedLayers(layer_specs(blocks))
 
 
 def _state(engine):
