@@ -169,8 +169,8 @@ class DeepSpeedPipelineSource:
     are without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
     through checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. The run tells
     what is tied (load.py calls bind_ties with its whole tied modules or shared tensors): the files
-    do not. Only the layers are
-    saved, so what a pipeline holds outside them (a loss_fn module's tensors) is left as built."""
+    do not. Only the layers are saved, so what a pipeline holds outside them (a loss_fn module's
+    tensors) is left as built."""
     kind = "DeepSpeed pipeline"
 
     def __init__(self, path):
