@@ -123,10 +123,16 @@ class DeepSpeedCheckpoint:
 
     tensor("param/<n>"), tensor("master/<n>"), tensor("optim/<state>/<n>"), tensor("buffer/<n>") give
     full CPU tensors; sections() gives the training state, loss scaler, LR scheduler, client_state and
-    optimizer hyper-parameters."""
+    optimizer hyper-parameters.
 
-    def __init__(self, ckpt_dir):
+    stage: None for a data-parallel checkpoint (mp_rank_00 only); a pipeline stage's index to read
+    that stage's ZeRO files (mp_rank_<stage>) of a PipelineEngine checkpoint, whose weights are in
+    its layer files instead (deepspeed_pipe.py): there only master/ and optim/ tensors are read."""
+
+    def __init__(self, ckpt_dir, stage=None):
         self.path = ckpt_dir
+        self._stage = stage
+        self._mp = f"mp_rank_{stage or 0:02d}"
         model_paths, optim_paths, optim0 = self._find_files(ckpt_dir)
         self._model = [self._checked_model(load_file(p), p) for p in model_paths]
         self._optim = [optim0] + [self._checked_optim(load_file(p), p) for p in optim_paths[1:]]
@@ -138,8 +144,9 @@ class DeepSpeedCheckpoint:
         if not os.path.isdir(ckpt_dir):
             raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint directory")
         names = sorted(os.listdir(ckpt_dir))
-        models = [n for n in names if MODEL_FILE_RE.match(n)]
-        optims = [n for n in names if OPTIM_FILE_RE.match(n)]
+        mine = f"{self._mp}_"
+        models = [n for n in names if MODEL_FILE_RE.match(n) and (self._stage is None or mine in n)]
+        optims = [n for n in names if OPTIM_FILE_RE.match(n) and (self._stage is None or mine in n)]
         if not models:
             hint = (" It holds a `latest` file: pass the tag directory it names, or use "
                     "zeroshard.checkpoint.sources.find_checkpoint()." if "latest" in names else "")
@@ -147,12 +154,12 @@ class DeepSpeedCheckpoint:
                                     f"file.{hint}")
         other = [n for n in names if n.startswith(("expp_rank_", "layer_"))]
         other += [n for n in models + optims if not re.search(r"mp_rank_00_", n)]
-        if other:
+        if other and self._stage is None:
             raise ValueError(f"{ckpt_dir}: {', '.join(other)}: mixture-of-experts, pipeline or tensor-parallel "
                              "checkpoints are not supported here; expected data parallelism only (mp_rank_00). "
                              "A pipeline's (layer_* files) is read by checkpoint_import.deepspeed_pipe")
         if not optims:
-            raise FileNotFoundError(f"{ckpt_dir}: no *_optim_states.pt files; a ZeRO checkpoint has one per "
+            raise FileNotFoundError(f"{ckpt_dir}: no *{mine}*_optim_states.pt files; a ZeRO checkpoint has one per "
                                     "data-parallel rank (a stage-0 checkpoint is not supported)")
         prefixes = {OPTIM_FILE_RE.match(n).group(1) or "" for n in optims}
         if len(prefixes) > 1:
@@ -161,7 +168,7 @@ class DeepSpeedCheckpoint:
         prefix = prefixes.pop()
 
         def optim_name(rank):
-            return f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            return f"{prefix}zero_pp_rank_{rank}_{self._mp}_optim_states.pt"
         first = os.path.join(ckpt_dir, optim_name(0))
         if not os.path.isfile(first):
             raise FileNotFoundError(f"{first}: missing; found {', '.join(optims)}")
@@ -175,7 +182,7 @@ class DeepSpeedCheckpoint:
                              "parallelism); not supported")
         stage3 = any(MODEL_FILE_RE.match(n).group(1) is not None for n in models)
         want_models = ([f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)] if stage3
-                       else ["mp_rank_00_model_states.pt"])
+                       else [f"{self._mp}_model_states.pt"])
         want_optims = [optim_name(r) for r in range(world)]
         missing = [n for n in want_models + want_optims if n not in names]
         if missing:
@@ -191,11 +198,12 @@ class DeepSpeedCheckpoint:
         return ([os.path.join(ckpt_dir, n) for n in want_models], [os.path.join(ckpt_dir, n) for n in want_optims],
                 optim0)
 
-    @staticmethod
-    def _checked_model(state, path):
+    def _checked_model(self, state, path):
         if not isinstance(state, dict) or "module" not in state or "buffer_names" not in state:
             raise ValueError(f"{path}: not a DeepSpeed model states file: expected a dict with 'module' and "
                              "'buffer_names'")
+        if state["module"] is None and self._stage is None:
+            raise ValueError(f"{path}: holds no module: a pipeline stage's file (its weights are in layer files)")
         if not isinstance(state.get("param_shapes"), list):
             raise ValueError(f"{path}: has no param_shapes: not saved under ZeRO (stage 0 is not supported)")
         return state
@@ -253,7 +261,7 @@ class DeepSpeedCheckpoint:
                 self._place_flat(group, shapes)
 
         self._shared = dict(model0.get("shared_params") or {})
-        module = model0["module"]
+        module = model0["module"] or {}  # a pipeline stage's: its layer files hold the weights
         buffers = set(model0["buffer_names"])
         if model0.get("frozen_param_shapes") is not None:  # stages 2/3
             self._frozen = {n: torch.Size(s) for n, s in model0["frozen_param_shapes"].items()}
@@ -263,13 +271,13 @@ class DeepSpeedCheckpoint:
             self._frozen = {n: t.shape for n, t in module.items()
                             if n not in buffers and n not in self._slots and n not in self._shared
                             and not n.endswith("_extra_state")}
-        owned = set(self._slots) | set(self._frozen)
+        owned = list(self._slots) + list(self._frozen)
         self.param_names = [n for n in module if n in owned] + [n for n in owned if n not in module]
         self.frozen_names = set(self._frozen)
         self.buffer_names = [n for n in model0["buffer_names"] if n in module]
         self.shared_params = dict(self._shared)  # tied name -> the parameter it shares
         trainable = next(iter(self._slots), None)
-        module_dtype = module[trainable].dtype if trainable in module else torch.float32
+        module_dtype = module[trainable].dtype if trainable in module else _config_dtype(config)
         if module_dtype not in PRECISION_OF:
             raise ValueError(f"{self.path}: parameter {trainable} has dtype {module_dtype}; expected float32, "
                              "bfloat16 or float16")
@@ -420,7 +428,7 @@ class DeepSpeedCheckpoint:
 
     def _model_path(self, rank):
         name = (f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if self._per_rank_models
-                else "mp_rank_00_model_states.pt")
+                else f"{self._mp}_model_states.pt")
         return os.path.join(self.path, name)
 
     def _unknown(self, name):
@@ -471,6 +479,13 @@ class DeepSpeedCheckpoint:
             step = groups[0].get("step")
         return {"type": _optimizer_type(groups), "step": None if step is None else int(plain_value(step)),
                 "param_groups": groups}
+
+
+def _config_dtype(config):
+    """The weights' dtype a DeepSpeed config sets (where no saved module tensor tells)."""
+    def enabled(*keys):
+        return any(isinstance(config, dict) and (config.get(k) or {}).get("enabled") for k in keys)
+    return torch.bfloat16 if enabled("bf16", "bfloat16") else torch.float16 if enabled("fp16") else torch.float32
 
 
 def _is_big_tensor(value):
