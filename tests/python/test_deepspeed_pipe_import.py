@@ -6,8 +6,10 @@ into the same layers as a zeroshard pipeline of 2 stages and of 1, and without a
 - "megatron": 2 stages x 2 data, ZeRO 1, Megatron's topology (files named layer_NN-model_00-...),
   a block with a buffer, and a Linear tied across the stages and used as itself twice.
 Each load gets DeepSpeed's weights and buffers exactly, the loss DeepSpeed's eval_batch gave on a
-fixed batch after the save, and its step counters, LR schedule and client_state. The optimizer
-state is not read, and a load that asks for it is refused before anything is written."""
+fixed batch after the save, and its step counters, LR schedule and client_state. Under ZeRO the
+fp32 masters and Adam state load too, into a pipeline of any number of stages and data-parallel
+ranks, and the next step is DeepSpeed's own next step. Without ZeRO (tied_embed) a load that asks
+for the optimizer state is refused before anything is written."""
 import importlib.util
 import json
 import os
@@ -85,16 +87,26 @@ def _pipeline_rank(case, stages, weighted_loss=False, **load_kwargs):
         unchanged = all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
         return {"error": str(error), "unchanged": unchanged}
     loss = engine.eval_batch(rank_micro_batches(made.eval_batch(), made.MICRO, made.GAS, 0))
-    # The fp32 masters (one group, one data-parallel rank: the whole flat group) are the loaded
-    # weights, widened where the run is 16-bit.
-    weights = torch.cat([p.detach().float().reshape(-1) for p in engine.optimizer.param_groups[0]["params"]])
-    master = engine._core.master(0)
     return {"path": path, "client": client, "loss": float(loss), "steps": engine.global_steps,
             "samples": engine.global_samples, "scheduler": engine.lr_scheduler.state_dict(),
-            "state": _numpy(engine.module.state_dict().items()),
+            "state": _numpy(engine.module.state_dict().items()), "masters": _numpy(_masters(engine)),
             "dtypes": {n: str(t.dtype) for n, t in engine.module.state_dict().items()},
-            "masters_are_the_weights": torch.equal(master[:weights.numel()], weights),
             "warned": [w for w in warned if "left as built" in w]}
+
+
+def _masters(engine):
+    from zeroshard.utils import safe_get_full_fp32_param
+    return [(n, safe_get_full_fp32_param(p)) for n, p in engine.module.named_parameters()]
+
+
+def _expected_optim(case):
+    """DeepSpeed's fp32 masters and Adam state ("master/<name>", "exp_avg/<name>", ...) by
+    PipelineModule name, a tie's from the first stage that holds it."""
+    state = {}
+    for stage in range(made.STAGES):
+        for key, value in load_file(os.path.join(FIXTURES, case, f"expected_optim_stage{stage}.safetensors")).items():
+            state.setdefault(key, value)
+    return state
 
 
 @pytest.mark.parametrize("stages", [2, 1])
@@ -112,7 +124,10 @@ def test_a_deepspeed_pipeline_checkpoint_loads_into_a_pipeline(case, stages):
         for name, value in result["state"].items():
             assert _same(value, want[name]), name
             assert result["dtypes"][name] == str(want[name].dtype), name
-        assert result["masters_are_the_weights"]
+        # The fp32 masters are DeepSpeed's where it saved them (ZeRO), else the weights widened.
+        masters = _expected_optim(case) if made.CASES[case][1] else {}
+        for name, value in result["masters"].items():
+            assert _same(value, masters.get(f"master/{name}", want[name].float())), name
         held |= set(result["state"])
     assert held == set(want), sorted(set(want) ^ held)
 
@@ -139,13 +154,80 @@ def test_load_module_only_reads_the_weights_and_nothing_else():
     assert result["loss"] == pytest.approx(_expected("tied_embed")["eval_loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_asking_for_its_optimizer_state_is_refused_before_anything_is_written(case):
-    results = run_distributed(_pipeline_rank, 2, case, 2, timeout=120)  # load_optimizer_states defaults to True
+def test_asking_for_the_optimizer_state_without_zero_is_refused_before_anything_is_written():
+    results = run_distributed(_pipeline_rank, 2, "tied_embed", 2, timeout=120)  # load_optimizer_states=True
     for result in results:
-        assert f"(ZeRO stage {made.CASES[case][1]}), whose optimizer state zeroshard does not read" in result["error"]
+        assert ("(ZeRO stage 0), whose optimizer state is a torch state_dict per stage numbered by the stage's "
+                "parameter order") in result["error"]
         assert "load_optimizer_states=False" in result["error"]
         assert result["unchanged"]
+
+
+def _resume_rank(case, stages):
+    """The case's checkpoint loaded with its optimizer state into `stages` stages (the world's other
+    ranks data-parallel, each step the same global batch as DeepSpeed's), then one train_batch on
+    the fixture's next batch."""
+    import zeroshard
+    from zeroshard.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from zeroshard.utils import safe_get_full_optimizer_state
+    from pipe_models import loss_fn, rank_micro_batches
+    saved_dp, dp = made.CASES[case][0], int(os.environ["WORLD_SIZE"]) // stages
+    torch.manual_seed(99)
+    net = PipelineModule(layers=made.layers(case, LayerSpec, TiedLayerSpec), num_stages=stages, loss_fn=loss_fn)
+    config = {**_config(case), "gradient_accumulation_steps": made.GAS * saved_dp // dp}
+    engine, _, _, _ = zeroshard.initialize(model=net, config=config,
+                                           model_parameters=[p for p in net.parameters() if p.requires_grad])
+    engine.load_checkpoint(_ckpt(case))
+    optim = [(f"master/{n}", t) for n, t in _masters(engine)]
+    optim += [(f"{s}/{n}", safe_get_full_optimizer_state(p, s)) for n, p in engine.module.named_parameters()
+              for s in ("exp_avg", "exp_avg_sq")]
+    data = rank_micro_batches(made.next_batch(saved_dp), made.MICRO, config["gradient_accumulation_steps"],
+                              engine.grid.get_data_parallel_id())
+    loss = float(engine.train_batch(data))
+    return {"optim": _numpy(optim), "loss": loss, "next": _numpy(engine.module.state_dict().items()),
+            "steps": engine.global_steps}
+
+
+@pytest.mark.parametrize("case, stages, world", [("megatron", 2, 4), ("megatron", 2, 2), ("megatron", 1, 1),
+                                                 ("bf16", 2, 2), ("bf16", 1, 1)])
+def test_a_zero_checkpoint_resumes_as_deepspeed_does(case, stages, world):
+    """The masters and Adam state are DeepSpeed's (a tie's from its first stage: DeepSpeed's copies
+    on two stages differ by rounding), and the step after the load gives DeepSpeed's loss and
+    weights (fp32: 1e-5 of the largest; bf16: the weights within a rounding of bf16)."""
+    expected, optim = _expected(case), _expected_optim(case)
+    after = {}
+    for stage in range(made.STAGES):
+        after.update(load_file(os.path.join(FIXTURES, case, f"expected_next_stage{stage}.safetensors")))
+    held = set()
+    for result in run_distributed(_resume_rank, world, case, stages, timeout=120):
+        for key, value in result["optim"].items():
+            assert _same(value, optim[key]), key
+        held |= set(result["optim"])
+        assert result["loss"] == pytest.approx(expected["next_loss"], rel=RTOL.get(case, 1e-5))
+        assert result["steps"] == expected["global_steps"] + 1
+        for name, value in result["next"].items():
+            want = after[name].float()
+            err = float((torch.from_numpy(value) - want).abs().max())
+            assert err <= (2 ** -7 if case == "bf16" else 1e-5) * float(want.abs().max()), (name, err)
+    assert held == set(optim), sorted(held ^ set(optim))
+
+
+def _plain_resume_rank(case):
+    import zeroshard
+    model = _plain_model(case)
+    engine, _, _, _ = zeroshard.initialize(model=model, config=_config(case), model_parameters=model.parameters())
+    try:
+        engine.load_checkpoint(_ckpt(case))
+    except ValueError as error:
+        return str(error)
+
+
+def test_a_tie_s_optimizer_state_needs_its_key_from_a_pipeline():
+    """DeepSpeed saves a tie's optimizer state under its TiedLayerSpec key; a model without a
+    pipeline has no keys to say which layers that is."""
+    error, = run_distributed(_plain_resume_rank, 1, "megatron", timeout=120)
+    assert "keeps a tie's optimizer state under its TiedLayerSpec key (tied_modules.embed)" in error
+    assert "load_optimizer_states=False" in error
 
 
 def _plain_model(case):

@@ -17,7 +17,7 @@ from zeroshard.observe.bars import bar
 
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
-from zeroshard.checkpoint.pipeline import in_run_names, outside_layers, tie_groups
+from zeroshard.checkpoint.pipeline import in_run_names, outside_layers, tie_groups, tie_keys
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
 from zeroshard.log import log_rank0, logger
 
@@ -210,7 +210,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         path, _ = find_checkpoint(load_dir, tag)
         source = open_source(path)
         if hasattr(source, "bind_ties"):  # a source whose files do not say which layers are tied
-            source.bind_ties(tie_groups(run))
+            source.bind_ties(tie_groups(run), tie_keys(run))
         source = in_run_names(source, run)
         source.open_all()
         layout = source.section("layout")

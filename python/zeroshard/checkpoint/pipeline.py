@@ -115,6 +115,12 @@ def tie_groups(run) -> list:
     return [(sorted(layers), {rest}) for (_, rest), layers in shared.items() if len(layers) > 1]
 
 
+def tie_keys(run) -> dict:
+    """{"tied_modules.<key>": "<first layer index that uses key>"} of the run's TiedLayerSpecs; none
+    without a pipeline (a model's shared tensors have no keys)."""
+    return {} if run.placement.pipeline is None else tied_renames(run.placement.pipeline)
+
+
 def in_run_names(source, run):
     """`source` as the run names its tensors: itself, unless one side is a pipeline and the other
     is not (then its ties are renamed, see the module's docstring)."""

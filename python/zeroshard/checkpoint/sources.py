@@ -131,99 +131,106 @@ class DeepSpeedSource:
                     "optimizer": {"type": s["optimizer"]["type"],
                                   "state_names": list(self.ds.optimizer_state_names)}}
         if name == "training_state":
-            return self._training_state()
+            return _training_state(s)
         if name == "param_groups":
-            return [{k: v for k, v in g.items() if k != "params"} for g in s["optimizer"]["param_groups"]]
+            return _param_groups(s)
         if name in ("lr_scheduler", "client_state"):
             return s[name]
         return None
-
-    def _training_state(self):
-        s = self._sections
-        t, opt = s["training_state"], s["optimizer"]
-        scaler = s.get("loss_scaler") or {}
-        step = opt.get("step") or 0
-        return {"global_steps": t.get("global_steps", 0), "micro_steps": t.get("micro_steps", 0),
-                "global_samples": t.get("global_samples", 0), "skipped_steps": t.get("skipped_steps", 0),
-                "group_steps": [step] * max(1, len(opt["param_groups"])),
-                "loss_scaler": self._loss_scaler(scaler)}
-
-    @staticmethod
-    def _loss_scaler(scaler):
-        """DeepSpeed's scaler fields in TrainingState's form: its iterations since the last
-        overflow (cur_iter - last_overflow_iter - 1; last_overflow_iter 0 is an overflow at the
-        first iteration, -1 none yet)."""
-        last = scaler.get("last_overflow_iter")
-        last = -1 if last is None else int(last)
-        dynamic = bool(scaler.get("dynamic"))
-        return {"scale": float(scaler.get("scale") or 1.0),
-                "steps_since_overflow": int(scaler.get("cur_iter") or 0) - last - 1 if dynamic else 0,
-                "hysteresis_left": int(scaler.get("cur_hysteresis") or 0)}
 
     def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
         raise KeyError(name)
 
 
+def _param_groups(sections):
+    return [{k: v for k, v in g.items() if k != "params"} for g in sections["optimizer"]["param_groups"]]
+
+
+def _training_state(sections):
+    """A DeepSpeed checkpoint's sections (deepspeed.py's and deepspeed_pipe.py's sections()) as
+    TrainingState's."""
+    t, opt = sections["training_state"], sections["optimizer"]
+    step = opt.get("step") or 0
+    return {"global_steps": t.get("global_steps", 0), "micro_steps": t.get("micro_steps", 0),
+            "global_samples": t.get("global_samples", 0), "skipped_steps": t.get("skipped_steps", 0),
+            "group_steps": [step] * max(1, len(opt["param_groups"])),
+            "loss_scaler": _loss_scaler(sections.get("loss_scaler") or {})}
+
+
+def _loss_scaler(scaler):
+    """DeepSpeed's scaler fields in TrainingState's form: its iterations since the last overflow
+    (cur_iter - last_overflow_iter - 1; last_overflow_iter 0 is an overflow at the first iteration,
+    -1 none yet)."""
+    last = scaler.get("last_overflow_iter")
+    last = -1 if last is None else int(last)
+    dynamic = bool(scaler.get("dynamic"))
+    return {"scale": float(scaler.get("scale") or 1.0),
+            "steps_since_overflow": int(scaler.get("cur_iter") or 0) - last - 1 if dynamic else 0,
+            "hysteresis_left": int(scaler.get("cur_hysteresis") or 0)}
+
+
 class DeepSpeedPipelineSource:
-    """A DeepSpeed PipelineEngine checkpoint's weights in zeroshard's terms, named as the same layers
-    are without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
+    """A DeepSpeed PipelineEngine checkpoint in zeroshard's terms, named as the same layers are
+    without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
     through checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. The run tells
-    what is tied (load.py calls bind_ties with its whole tied modules or shared tensors): the files
-    do not. Only the layers are saved, so what a pipeline holds outside them (a loss_fn module's
-    tensors) is left as built."""
+    what is tied (load.py calls bind_ties with its whole tied modules or shared tensors, and a
+    pipeline's tie keys): the files do not. Only the layers are saved, so what a pipeline holds
+    outside them (a loss_fn module's tensors) is left as built. Its fp32 masters and optimizer
+    state are read where DeepSpeed saved them as ZeRO does (deepspeed_pipe.py says when)."""
     kind = "DeepSpeed pipeline"
 
     def __init__(self, path):
         self.path = path
         self.ds = DeepSpeedPipelineCheckpoint(path)
-        self._sections = self.ds.sections()
 
-    def bind_ties(self, ties):
-        """ties: the run's ties (checkpoint/pipeline.py's tie_groups; DeepSpeedPipelineCheckpoint.share_ties)."""
-        self.ds.share_ties(ties)
+    def bind_ties(self, ties, keys):
+        """ties, keys: the run's (checkpoint/pipeline.py's tie_groups and tie_keys;
+        DeepSpeedPipelineCheckpoint.share_ties)."""
+        self.ds.share_ties(ties, keys)
 
-    def _stored(self, key):
+    def _full(self, key):
         """A stored tensor answers as a parameter and as a buffer (see DeepSpeedPipelineCheckpoint)."""
         kind, _, name = key.partition("/")
-        return name if kind in ("param", "buffer") and self.ds.has(name) else None
+        return self.ds.tensor(name) if kind in ("param", "buffer") else self.ds.optimizer_tensor(key)
 
     def has(self, key):
-        return self._stored(key) is not None
+        kind, _, name = key.partition("/")
+        return self.ds.has(name) if kind in ("param", "buffer") else self.ds.has_optimizer_tensor(key)
 
     def open_all(self):  # every file was read whole when opened
         pass
 
     def shape(self, key):
-        return list(self.ds.tensor(self._stored(key)).shape)
+        return list(self._full(key).shape)
 
     def dtype(self, key):
-        return self.ds.tensor(self._stored(key)).dtype
+        return self._full(key).dtype
 
     def read(self, key, begin, out):
-        flat = self.ds.tensor(self._stored(key)).reshape(-1)
+        flat = self._full(key).reshape(-1)
         out.view(-1).copy_(flat[begin:begin + out.numel()])
 
     def section(self, name):
-        ds = self.ds
+        ds, saved = self.ds, self.ds.sections()
         if name == "layout":
-            # Every tensor as a parameter (see _stored); which were frozen is not saved.
+            # Every tensor as a parameter (see _full); which were frozen is not saved.
             params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
                       for n in ds.names]
-            unread = (f"{self.path} is a DeepSpeed pipeline checkpoint (ZeRO stage {ds.zero_stage}), "
-                      + ("whose optimizer state zeroshard does not read" if ds.optimizer_saved
-                         else "which holds no optimizer state"))
+            optimizer = {"type": saved["optimizer"]["type"], "state_names": ds.optimizer_state_names}
+            if ds.optimizer_unread or not ds.optimizer_saved:
+                optimizer["unread"] = ds.optimizer_unread or (f"{self.path} is a DeepSpeed pipeline checkpoint "
+                                                              f"(ZeRO stage {ds.zero_stage}), which holds no "
+                                                              "optimizer state")
             return {"world_size": ds.num_stages * ds.data_parallel_size, "zero_stage": ds.zero_stage,
                     "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params, "buffers": [],
-                    "aliases": {}, "frozen_excluded": False, "layers_only": True,
-                    "optimizer": {"type": None, "state_names": [], "unread": unread}}
+                    "aliases": {}, "frozen_excluded": False, "layers_only": True, "optimizer": optimizer}
         if name == "training_state":
-            saved = self._sections["training_state"]
-            return {"global_steps": saved.get("global_steps", 0), "micro_steps": 0,
-                    "global_samples": saved.get("global_samples", 0), "skipped_steps": saved.get("skipped_steps", 0),
-                    "group_steps": [0], "loss_scaler": DeepSpeedSource._loss_scaler({})}
+            return _training_state(saved)
+        if name == "param_groups":
+            return _param_groups(saved) if ds.optimizer_state_names else None
         if name in ("lr_scheduler", "client_state"):
-            return self._sections[name]
-        return None  # no param_groups (the optimizer's), no pipeline section (see the class's docstring)
+            return saved[name]
+        return None  # no pipeline section: the names are the layers' (see the class's docstring)
 
     def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
         raise KeyError(name)
