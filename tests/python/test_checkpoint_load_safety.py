@@ -149,3 +149,30 @@ def test_client_state_tensor_a_file_cannot_hold_is_named(tmp_path):
     assert kind == "TypeError" and "client_state['x']" in message and "complex128" in message, message
     assert not any(e.startswith(".tmp") for e in os.listdir(tmp_path))
 
+
+
+def frozen_worker(root, mode):
+    """mode "save": the GPT trained 1 step with its first parameter frozen, then saved; "load": the
+    whole GPT, trained 1 step, loads it with its optimizer state."""
+    from models import MODELS
+    model = MODELS["gpt"]()
+    first_name, first = next(iter(model.named_parameters()))
+    first.requires_grad_(mode != "save")
+    engine = W.build_module(model, W.config(1))
+    W.train(engine, "gpt", 0, 1)
+    if mode == "save":
+        engine.save_checkpoint(root, tag="f")
+        return first_name
+    before = {n: t.clone() for n, t in engine.module.state_dict().items()}
+    result = _outcome(lambda: engine.load_checkpoint(root, tag="f"))
+    return result, all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
+
+
+def test_a_parameter_trained_here_but_frozen_in_the_checkpoint_is_refused_before_any_write(tmp_path):
+    """Its optimizer state was never saved: the load names it and writes nothing, instead of
+    failing part-way through."""
+    root = str(tmp_path)
+    name = run_distributed(frozen_worker, 2, root, "save")[0]
+    for (kind, message), unchanged in run_distributed(frozen_worker, 2, root, "load"):
+        assert kind == "ValueError" and f"no optimizer state for {name}, which this run trains" in message, message
+        assert "load_optimizer_states=False" in message and unchanged

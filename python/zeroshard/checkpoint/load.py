@@ -79,9 +79,10 @@ def _check_names(run, source, layout, strict, held):
     return set(missing) | set(wrong) | set(unsaved)
 
 
-def _check_optimizer(engine, run, source, layout):
+def _check_optimizer(engine, run, source, layout, skip):
     """Loading optimizer state needs the same optimizer: another one's state names (or, for a
-    zeroshard checkpoint, its type), or another number of parameter groups, are an error."""
+    zeroshard checkpoint, its type), another number of parameter groups, or a parameter this run
+    trains without saved state (where others have it) are an error."""
     saved = layout["optimizer"]
     if saved.get("unread"):
         raise ValueError(f"load_checkpoint: {saved['unread']}; pass load_optimizer_states=False (or "
@@ -98,6 +99,12 @@ def _check_optimizer(engine, run, source, layout):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
                          f"{len(engine.optimizer.param_groups)}; pass load_optimizer_states=False to load "
                          "the weights only")
+    lacking = [n for n, t in zip(run.names, run.trainable) if t and n not in skip
+               and not all(source.has(tensor_name(k, n)) for k in run.core.state_names)]
+    if lacking and _has_states(run, source):
+        raise ValueError(f"load_checkpoint: the checkpoint has no optimizer state for {', '.join(lacking[:8])}, "
+                         "which this run trains (frozen where it was saved?); pass load_optimizer_states=False "
+                         "to load the weights only")
 
 
 def _source_of(source, kind, name, same_dtype):
@@ -222,7 +229,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     try:
         skip = _check_names(run, source, layout, load_module_strict, held)
         if states:
-            _check_optimizer(engine, run, source, layout)
+            _check_optimizer(engine, run, source, layout, skip)
     except Exception as e:  # noqa: BLE001 - every rank learns which rank failed
         error = e
     raise_if_failed(run, error, f"load_checkpoint: checking {path}", consequence="; nothing was loaded")
