@@ -150,7 +150,6 @@ def test_client_state_tensor_a_file_cannot_hold_is_named(tmp_path):
     assert not any(e.startswith(".tmp") for e in os.listdir(tmp_path))
 
 
-
 def frozen_worker(root, mode):
     """mode "save": the GPT trained 1 step with its first parameter frozen, then saved; "load": the
     whole GPT, trained 1 step, loads it with its optimizer state."""

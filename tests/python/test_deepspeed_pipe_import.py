@@ -5,11 +5,13 @@ into the same layers as a zeroshard pipeline of 2 stages and of 1, and without a
 - "bf16": the same layers in bf16 at ZeRO 1 (DeepSpeed's bf16_zero_pp_rank_* files, its ZeRO-1 optimizer).
 - "megatron": 2 stages x 2 data, ZeRO 1, Megatron's topology (files named layer_NN-model_00-...),
   a block with a buffer, and a Linear tied across the stages and used as itself twice.
+- "untied": 2 stages, ZeRO 1, no tie.
 Each load gets DeepSpeed's weights and buffers exactly, the loss DeepSpeed's eval_batch gave on a
 fixed batch after the save, and its step counters, LR schedule and client_state. Under ZeRO the
 fp32 masters and Adam state load too, into a pipeline of any number of stages and data-parallel
-ranks, and the next step is DeepSpeed's own next step. Without ZeRO (tied_embed) a load that asks
-for the optimizer state is refused before anything is written."""
+ranks (or without a pipeline where nothing is tied), and the next step is DeepSpeed's own next
+step. Without ZeRO (tied_embed) a load that asks for the optimizer state is refused before
+anything is written."""
 import importlib.util
 import json
 import os
@@ -66,7 +68,7 @@ def _same(value, tensor):
     return torch.equal(torch.from_numpy(value), tensor.float() if tensor.dtype == torch.bfloat16 else tensor)
 
 
-def _pipeline_rank(case, stages, weighted_loss=False, **load_kwargs):
+def _pipeline_rank(case, stages, weighted_loss=False, load_dir=None, **load_kwargs):
     import zeroshard
     from zeroshard.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from pipe_models import WeightedLoss, loss_fn, rank_micro_batches
@@ -82,7 +84,7 @@ def _pipeline_rank(case, stages, weighted_loss=False, **load_kwargs):
     catcher.emit = lambda record: warned.append(record.getMessage())
     logging.getLogger("zeroshard").addHandler(catcher)
     try:
-        path, client = engine.load_checkpoint(_ckpt(case), **load_kwargs)
+        path, client = engine.load_checkpoint(load_dir or _ckpt(case), **load_kwargs)
     except ValueError as error:
         unchanged = all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
         return {"error": str(error), "unchanged": unchanged}
@@ -124,10 +126,9 @@ def test_a_deepspeed_pipeline_checkpoint_loads_into_a_pipeline(case, stages):
         for name, value in result["state"].items():
             assert _same(value, want[name]), name
             assert result["dtypes"][name] == str(want[name].dtype), name
-        # The fp32 masters are DeepSpeed's where it saved them (ZeRO), else the weights widened.
-        masters = _expected_optim(case) if made.CASES[case][1] else {}
+        # Without the optimizer state the fp32 masters are the weights widened, as DeepSpeed makes them.
         for name, value in result["masters"].items():
-            assert _same(value, masters.get(f"master/{name}", want[name].float())), name
+            assert _same(value, want[name].float()), name
         held |= set(result["state"])
     assert held == set(want), sorted(set(want) ^ held)
 
@@ -188,18 +189,48 @@ def _resume_rank(case, stages):
             "steps": engine.global_steps}
 
 
+def _plain_resume_rank(case):
+    """The case's layers without a pipeline load its optimizer state (refused where it has ties),
+    then step once on the next batch."""
+    import zeroshard
+    from zeroshard.utils import safe_get_full_optimizer_state
+    from pipe_models import loss_fn, rank_micro_batches
+    model = _plain_model(case)
+    engine, _, _, _ = zeroshard.initialize(model=model, config=_config(case), model_parameters=model.parameters())
+    before = {n: t.detach().clone() for n, t in engine.module.state_dict().items()}
+    try:
+        engine.load_checkpoint(_ckpt(case))
+    except ValueError as error:
+        unchanged = all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
+        return {"error": str(error), "unchanged": unchanged}
+    optim = [(f"master/{n}", t) for n, t in _masters(engine)]
+    optim += [(f"{s}/{n}", safe_get_full_optimizer_state(p, s)) for n, p in engine.module.named_parameters()
+              for s in ("exp_avg", "exp_avg_sq")]
+    losses = []
+    for x, y in rank_micro_batches(made.next_batch(1), made.MICRO, made.GAS, 0):
+        losses.append(float(loss := loss_fn(engine(x), y)))
+        engine.backward(loss)
+        engine.step()
+    return {"optim": _numpy(optim), "loss": sum(losses) / len(losses), "steps": engine.global_steps,
+            "next": _numpy(engine.module.state_dict().items())}
+
+
 @pytest.mark.parametrize("case, stages, world", [("megatron", 2, 4), ("megatron", 2, 2), ("megatron", 1, 1),
-                                                 ("bf16", 2, 2), ("bf16", 1, 1)])
+                                                 ("bf16", 2, 2), ("bf16", 1, 1), ("untied", 2, 2),
+                                                 ("untied", None, 1)])
 def test_a_zero_checkpoint_resumes_as_deepspeed_does(case, stages, world):
     """The masters and Adam state are DeepSpeed's (a tie's from its first stage: DeepSpeed's copies
     on two stages differ by rounding), and the step after the load gives DeepSpeed's loss and
-    weights (fp32: 1e-5 of the largest; bf16: the weights within a rounding of bf16)."""
+    weights (fp32: 1e-5 of the largest; bf16: the weights within a rounding of bf16). stages None:
+    the layers without a pipeline."""
     expected, optim = _expected(case), _expected_optim(case)
     after = {}
     for stage in range(made.STAGES):
         after.update(load_file(os.path.join(FIXTURES, case, f"expected_next_stage{stage}.safetensors")))
     held = set()
-    for result in run_distributed(_resume_rank, world, case, stages, timeout=120):
+    results = (run_distributed(_plain_resume_rank, 1, case, timeout=120) if stages is None
+               else run_distributed(_resume_rank, world, case, stages, timeout=120))
+    for result in results:
         for key, value in result["optim"].items():
             assert _same(value, optim[key]), key
         held |= set(result["optim"])
@@ -212,22 +243,12 @@ def test_a_zero_checkpoint_resumes_as_deepspeed_does(case, stages, world):
     assert held == set(optim), sorted(held ^ set(optim))
 
 
-def _plain_resume_rank(case):
-    import zeroshard
-    model = _plain_model(case)
-    engine, _, _, _ = zeroshard.initialize(model=model, config=_config(case), model_parameters=model.parameters())
-    try:
-        engine.load_checkpoint(_ckpt(case))
-    except ValueError as error:
-        return str(error)
-
-
 def test_a_tie_s_optimizer_state_needs_its_key_from_a_pipeline():
     """DeepSpeed saves a tie's optimizer state under its TiedLayerSpec key; a model without a
     pipeline has no keys to say which layers that is."""
-    error, = run_distributed(_plain_resume_rank, 1, "megatron", timeout=120)
-    assert "keeps a tie's optimizer state under its TiedLayerSpec key (tied_modules.embed)" in error
-    assert "load_optimizer_states=False" in error
+    result, = run_distributed(_plain_resume_rank, 1, "megatron", timeout=120)
+    assert "keeps a tie's optimizer state under its TiedLayerSpec key (tied_modules.embed)" in result["error"]
+    assert "load_optimizer_states=False" in result["error"] and result["unchanged"]
 
 
 def _plain_model(case):
@@ -269,7 +290,7 @@ def _plain_rank(case, variant=None):
     return {"loss": loss, "steps": engine.global_steps, "state": _numpy(engine.module.state_dict().items())}
 
 
-@pytest.mark.parametrize("case, variant", [("tied_embed", None), ("bf16", None), ("megatron", None),
+@pytest.mark.parametrize("case, variant", [("tied_embed", None), ("bf16", None), ("megatron", None), ("untied", None),
                                            ("megatron", "partial_tie"), ("megatron", "shift_param")])
 def test_a_deepspeed_pipeline_checkpoint_loads_without_a_pipeline(case, variant):
     """Same loss as DeepSpeed's eval_batch (the mean over equal micro-batches is the batch's mean).
@@ -355,3 +376,70 @@ def test_consolidation_refuses_it_by_name():
     from zeroshard.utils.zero_to_fp32 import Consolidated
     with pytest.raises(ValueError, match="a DeepSpeed pipeline checkpoint: its layer files do not say"):
         Consolidated(_ckpt("tied_embed"))
+
+
+def _resave(path, edit):
+    """A DeepSpeed file rewritten with edit(state) applied (its classes pickled under DeepSpeed's names)."""
+    from test_deepspeed_import import pickled_under_deepspeeds_names
+    from zeroshard.checkpoint_import.deepspeed import load_file as load_ds_file
+    with pickled_under_deepspeeds_names():
+        state = load_ds_file(str(path))
+        edit(state["optimizer_state_dict"])
+        torch.save(state, f"{path}.new")  # not in place: `state` maps the old file's pages
+        os.replace(f"{path}.new", path)
+
+
+def _damaged_rank(case, load_dir):
+    return _pipeline_rank(case, 2, load_dir=load_dir), _pipeline_rank(case, 2, load_dir=load_dir,
+                                                                        load_optimizer_states=False)
+
+
+DAMAGES = {  # case, its file to rewrite, the edit, what the refusal says
+    "unreadable": ("bf16", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                   lambda o: o["single_partition_of_fp32_groups"].__setitem__(0, None),
+                   "whose optimizer files cannot be read: AttributeError"),
+    "a rank without state": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
+                             lambda o: o["base_optimizer_state"].__setitem__("state", {}),
+                             "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 has no optimizer state "
+                             "exp_avg, exp_avg_sq, which rank 0's has"),
+    "stages' groups differ": ("bf16", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                              lambda o: o["base_optimizer_state"]["param_groups"][0].__setitem__("lr", 0.5),
+                              "whose stages' optimizers hold different param groups"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_optimizer_files_it_cannot_use_are_named_and_the_weights_still_load(tmp_path, damage):
+    """Asking for the optimizer state is refused with the reason before anything is written; the
+    weights load without it (DeepSpeed's load_optimizer_states=False never opens those files)."""
+    case, victim, edit, reason = DAMAGES[damage]
+    _resave(_copy(case, tmp_path / "step3") + "/" + victim, edit)
+    (tmp_path / "latest").write_text("step3")
+    want = _expected_state(case)
+    for refused, loaded in run_distributed(_damaged_rank, 2, case, str(tmp_path), timeout=120):
+        assert reason in refused["error"] and "load_optimizer_states=False" in refused["error"], refused["error"]
+        assert refused["unchanged"]
+        assert all(_same(value, want[name]) for name, value in loaded["state"].items())
+
+
+def test_a_tie_s_optimizer_state_comes_from_a_stage_whose_master_is_the_loaded_weight(tmp_path):
+    """DeepSpeed keeps a tie's state on each stage that uses it; the one read is the first whose
+    fp32 master rounds to the weight the layer files give, and none is refused."""
+    from zeroshard.checkpoint_import.deepspeed_pipe import DeepSpeedPipelineCheckpoint
+    ties, keys = [([0, 4], None)], {"tied_modules.embed": "0"}
+    stage_file = "bf16_zero_pp_rank_0_mp_rank_{:02d}_optim_states.pt"
+
+    def shift(o):
+        o["single_partition_of_fp32_groups"][0] = o["single_partition_of_fp32_groups"][0] + 1
+    path = _copy("bf16", tmp_path / "ckpt")
+    _resave(os.path.join(path, stage_file.format(0)), shift)
+    ckpt = DeepSpeedPipelineCheckpoint(path)
+    ckpt.share_ties(ties, keys)
+    stage1 = load_file(os.path.join(FIXTURES, "bf16", "expected_optim_stage1.safetensors"))
+    assert ckpt.optimizer.unread is None
+    assert torch.equal(ckpt.optimizer.tensor("master/0.weight"), stage1["master/tied_modules.embed.weight"])
+    _resave(os.path.join(path, stage_file.format(1)), shift)
+    ckpt = DeepSpeedPipelineCheckpoint(path)
+    ckpt.share_ties(ties, keys)
+    assert "no stage's fp32 master of 0.weight (tied_modules.embed.weight on 2 stages) rounds to the weight" in \
+        ckpt.optimizer.unread

@@ -107,13 +107,15 @@ def _check_optimizer(engine, run, source, layout, skip):
                          "to load the weights only")
 
 
-def _source_of(source, kind, name, same_dtype):
-    """Which stored tensor fills `kind` of parameter `name`."""
+def _source_of(source, kind, name, same_dtype, load_states):
+    """Which stored tensor fills `kind` of parameter `name`. A source whose masters belong to its
+    optimizer state (masters_with_optimizer: DeepSpeed's rule) gives them only when that is loaded."""
     master, param = tensor_name("master", name), tensor_name("param", name)
+    has_master = source.has(master) and (load_states or not source.masters_with_optimizer)
     if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
-        return param if same_dtype or not source.has(master) else master
+        return param if same_dtype or not has_master else master
     if kind == "master":
-        return master if source.has(master) else param
+        return master if has_master else param
     return tensor_name(kind, name)
 
 
@@ -133,7 +135,7 @@ def _load_weights(run, source, skip, load_states):
         name = run.names[index]
         if name in skip or (kind not in ("param", "master") and not load_states):
             continue
-        src = _source_of(source, kind, name, same_dtype)
+        src = _source_of(source, kind, name, same_dtype, load_states)
         if not source.has(src):
             if kind == "param" and not run.trainable[index]:
                 continue  # a frozen parameter left out of the checkpoint (exclude_frozen_parameters)

@@ -12,9 +12,9 @@ are aliases of it), which is how a load maps one onto the other."""
 import json
 
 from zeroshard.checkpoint.layout import Placement, renamed_key
+from zeroshard.checkpoint_import.deepspeed_pipe_optim import TIED_MODULES as _TIED, tie_prefix
 
 STAGE_LAYOUT = "stage_layout"  # a partial manifest's section: its stage's layout entries
-_TIED = "tied_modules."
 
 
 def outside_layers(name):
@@ -80,11 +80,11 @@ def join_stage_layouts(section: dict, stages: list) -> dict:
     first = {f"{_TIED}{key}": tie["layers"][0] for key, tie in section["tied"].items()}
 
     def layer(name):
-        head = name.split(".", 2)
-        if name.startswith(_TIED) and len(head) > 1:
-            return first.get(f"{head[0]}.{head[1]}", 0)
+        if tie_prefix(name) is not None:
+            return first.get(tie_prefix(name), 0)
         # What lies outside the layers (the loss_fn module) comes after them, as its use does.
-        return int(head[0]) if head[0].isdigit() else section["num_layers"]
+        head = name.split(".", 1)[0]
+        return int(head) if head.isdigit() else section["num_layers"]
     params.sort(key=lambda p: layer(p["name"]))
     buffers.sort(key=layer)
     return {"params": params, "buffers": buffers, "aliases": aliases}
@@ -141,6 +141,7 @@ class RenamedSource:
         self._to_stored = to_stored
         self._to_run = {stored: run for run, stored in to_stored.items()}
         self.kind, self.path = source.kind, source.path
+        self.masters_with_optimizer = source.masters_with_optimizer
 
     @staticmethod
     def _rename(name, table):

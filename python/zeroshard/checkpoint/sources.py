@@ -45,6 +45,7 @@ def find_checkpoint(load_dir, tag=None):
 
 class NativeSource:
     kind = "zeroshard"
+    masters_with_optimizer = False  # load.py's _source_of: its masters load with the weights
 
     def __init__(self, path, verify_before_writing=True):
         self.path = path
@@ -83,6 +84,7 @@ class DeepSpeedSource:
     """A DeepSpeed checkpoint in zeroshard's terms. Tensors are rebuilt whole (DeepSpeed's files
     are per rank, not per range); the last one read is kept for the ranges that follow."""
     kind = "DeepSpeed"
+    masters_with_optimizer = False
 
     def __init__(self, path):
         self.path = path
@@ -176,26 +178,30 @@ class DeepSpeedPipelineSource:
     what is tied (load.py calls bind_ties with its whole tied modules or shared tensors, and a
     pipeline's tie keys): the files do not. Only the layers are saved, so what a pipeline holds
     outside them (a loss_fn module's tensors) is left as built. Its fp32 masters and optimizer
-    state are read where DeepSpeed saved them as ZeRO does (deepspeed_pipe.py says when)."""
+    state are read under ZeRO-1 (deepspeed_pipe_optim.py); the masters only with the optimizer
+    state, as DeepSpeed does (a load without it makes them from the weights)."""
     kind = "DeepSpeed pipeline"
+    masters_with_optimizer = True
 
     def __init__(self, path):
         self.path = path
         self.ds = DeepSpeedPipelineCheckpoint(path)
+        self._saved = self.ds.sections()
 
     def bind_ties(self, ties, keys):
         """ties, keys: the run's (checkpoint/pipeline.py's tie_groups and tie_keys;
         DeepSpeedPipelineCheckpoint.share_ties)."""
         self.ds.share_ties(ties, keys)
+        self._saved = self.ds.sections()  # the optimizer's sections once its names are known
 
     def _full(self, key):
         """A stored tensor answers as a parameter and as a buffer (see DeepSpeedPipelineCheckpoint)."""
         kind, _, name = key.partition("/")
-        return self.ds.tensor(name) if kind in ("param", "buffer") else self.ds.optimizer_tensor(key)
+        return self.ds.tensor(name) if kind in ("param", "buffer") else self.ds.optimizer.tensor(key)
 
     def has(self, key):
         kind, _, name = key.partition("/")
-        return self.ds.has(name) if kind in ("param", "buffer") else self.ds.has_optimizer_tensor(key)
+        return self.ds.has(name) if kind in ("param", "buffer") else self.ds.optimizer.has(key)
 
     def open_all(self):  # every file was read whole when opened
         pass
@@ -211,23 +217,23 @@ class DeepSpeedPipelineSource:
         out.view(-1).copy_(flat[begin:begin + out.numel()])
 
     def section(self, name):
-        ds, saved = self.ds, self.ds.sections()
+        ds, saved, optimizer = self.ds, self._saved, self.ds.optimizer
         if name == "layout":
             # Every tensor as a parameter (see _full); which were frozen is not saved.
             params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
                       for n in ds.names]
-            optimizer = {"type": saved["optimizer"]["type"], "state_names": ds.optimizer_state_names}
-            if ds.optimizer_unread or not ds.optimizer_saved:
-                optimizer["unread"] = ds.optimizer_unread or (f"{self.path} is a DeepSpeed pipeline checkpoint "
-                                                              f"(ZeRO stage {ds.zero_stage}), which holds no "
-                                                              "optimizer state")
+            saved_optimizer = {"type": saved["optimizer"]["type"], "state_names": optimizer.state_names}
+            if optimizer.unread or not optimizer.saved:
+                saved_optimizer["unread"] = optimizer.unread or (f"{self.path} is a DeepSpeed pipeline checkpoint "
+                                                                 f"(ZeRO stage {ds.zero_stage}), which holds no "
+                                                                 "optimizer state")
             return {"world_size": ds.num_stages * ds.data_parallel_size, "zero_stage": ds.zero_stage,
                     "dtype": ds.dtype, "num_stages": ds.num_stages, "params": params, "buffers": [],
-                    "aliases": {}, "frozen_excluded": False, "layers_only": True, "optimizer": optimizer}
+                    "aliases": {}, "frozen_excluded": False, "layers_only": True, "optimizer": saved_optimizer}
         if name == "training_state":
             return _training_state(saved)
         if name == "param_groups":
-            return _param_groups(saved) if ds.optimizer_state_names else None
+            return _param_groups(saved) if optimizer.state_names else None
         if name in ("lr_scheduler", "client_state"):
             return saved[name]
         return None  # no pipeline section: the names are the layers' (see the class's docstring)

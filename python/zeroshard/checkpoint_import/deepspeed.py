@@ -159,7 +159,8 @@ class DeepSpeedCheckpoint:
                              "checkpoints are not supported here; expected data parallelism only (mp_rank_00). "
                              "A pipeline's (layer_* files) is read by checkpoint_import.deepspeed_pipe")
         if not optims:
-            raise FileNotFoundError(f"{ckpt_dir}: no *{mine}*_optim_states.pt files; a ZeRO checkpoint has one per "
+            which = "" if self._stage is None else f" for pipeline stage {self._stage} (*{mine}*)"
+            raise FileNotFoundError(f"{ckpt_dir}: no *_optim_states.pt files{which}; a ZeRO checkpoint has one per "
                                     "data-parallel rank (a stage-0 checkpoint is not supported)")
         prefixes = {OPTIM_FILE_RE.match(n).group(1) or "" for n in optims}
         if len(prefixes) > 1:
@@ -181,7 +182,7 @@ class DeepSpeedCheckpoint:
             raise ValueError(f"{first}: partition_count {counts} differs between param groups (expert "
                              "parallelism); not supported")
         stage3 = any(MODEL_FILE_RE.match(n).group(1) is not None for n in models)
-        want_models = ([f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)] if stage3
+        want_models = ([f"zero_pp_rank_{r}_{self._mp}_model_states.pt" for r in range(world)] if stage3
                        else [f"{self._mp}_model_states.pt"])
         want_optims = [optim_name(r) for r in range(world)]
         missing = [n for n in want_models + want_optims if n not in names]
@@ -203,7 +204,8 @@ class DeepSpeedCheckpoint:
             raise ValueError(f"{path}: not a DeepSpeed model states file: expected a dict with 'module' and "
                              "'buffer_names'")
         if state["module"] is None and self._stage is None:
-            raise ValueError(f"{path}: holds no module: a pipeline stage's file (its weights are in layer files)")
+            raise ValueError(f"{path}: holds no module: a pipeline stage's file, whose weights are in layer files; "
+                             "open the directory with checkpoint_import.deepspeed_pipe (load_checkpoint does)")
         if not isinstance(state.get("param_shapes"), list):
             raise ValueError(f"{path}: has no param_shapes: not saved under ZeRO (stage 0 is not supported)")
         return state
@@ -285,6 +287,13 @@ class DeepSpeedCheckpoint:
         self.dtype = PRECISION_OF[module_dtype]
         first_state = self._rank_state(0, 0)
         self.optimizer_state_names = [k for k, v in first_state.items() if torch.is_tensor(v) and v.dim() > 0]
+        for rank in range(self.world_size):  # every rank's every group: a missing one fails here, not mid-load
+            for group in range(len(param_shapes)):
+                state = self._rank_state(rank, group)
+                missing = [k for k in self.optimizer_state_names if not torch.is_tensor(state.get(k))]
+                if missing:
+                    raise ValueError(f"{self._optim_paths[rank]}: flat group {group} has no optimizer state "
+                                     f"{', '.join(missing)}, which rank 0's has")
 
     def _base_optimizer_state(self, optim):
         if self.zero_stage == 3:
@@ -427,7 +436,7 @@ class DeepSpeedCheckpoint:
         return tensor.detach().clone()
 
     def _model_path(self, rank):
-        name = (f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if self._per_rank_models
+        name = (f"zero_pp_rank_{rank}_{self._mp}_model_states.pt" if self._per_rank_models
                 else f"{self._mp}_model_states.pt")
         return os.path.join(self.path, name)
 
@@ -484,7 +493,7 @@ class DeepSpeedCheckpoint:
 def _config_dtype(config):
     """The weights' dtype a DeepSpeed config sets (where no saved module tensor tells)."""
     def enabled(*keys):
-        return any(isinstance(config, dict) and (config.get(k) or {}).get("enabled") for k in keys)
+        return any(isinstance(config, dict) and (config.get(k) or {}).get("enabled") is True for k in keys)
     return torch.bfloat16 if enabled("bf16", "bfloat16") else torch.float16 if enabled("fp16") else torch.float32
 
 
