@@ -128,7 +128,9 @@ def reference_loss(m):
 
 
 def config(m, schedule="1f1b", virtual=1):
-    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": m,
+    # gradient_clipping spelled out: DeepSpeed 0.19.3+ clips at 1.0 when it is left out; no other
+    # framework here clips.
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": m, "gradient_clipping": 0.0,
             "optimizer": {"type": "Adam", "params": {"lr": LR, "eps": EPS}}, "steps_per_print": 10 ** 6,
             "pipeline": {"schedule": schedule, "virtual_stages": virtual}}
 
