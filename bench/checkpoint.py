@@ -120,14 +120,14 @@ def worker(a):
     from gpt import GPT, num_params
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    impl, (label, stage) = a.worker, IMPLS[a.worker]
+    impl, (_, stage) = a.worker, IMPLS[a.worker]
     ckpt = os.path.join(a.ckpt_dir, impl)
     torch.manual_seed(1234)
     model = GPT(vocab_size=256, seq_len=a.seq_len, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads)
     result = {"impl": impl, "rank": rank, "params": num_params(model)}
     adamw = {"lr": 1e-4, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
-    ds_like = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-               "steps_per_print": 10**9, "zero_optimization": {"stage": stage}}
+    ds_like = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+               "steps_per_print": 10**9, "zero_optimization": {"stage": stage}}  # DeepSpeed 0.19.3+ clips if unset
     engine = opt = None
     if impl.startswith("zs"):
         import zeroshard

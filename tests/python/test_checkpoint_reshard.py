@@ -434,3 +434,36 @@ def test_buffers_that_differ_across_ranks(tmp_path):
                 (f"rank {rank}: {name} is not rank 0's saved buffer (rank 1's: "
                  f"{np.array_equal(got[name], saved[1][name])}): {got[name]} vs rank 0 {saved[0][name]}, "
                  f"rank 1 {saved[1][name]}")
+
+
+def ds_weights_only_worker(case):
+    """A DeepSpeed bf16 ZeRO checkpoint loaded without its optimizer state: each parameter's fp32
+    master (safe_get_full_fp32_param) against its loaded bf16 weight."""
+    import zeroshard
+    from zeroshard.utils import safe_get_full_fp32_param
+    torch.manual_seed(123)
+    model = TinyModel()
+    optimizer = torch.optim.AdamW(_ds_groups(model), lr=DS_LR, betas=DS_BETAS, eps=1e-8)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 1000,
+           "bf16": {"enabled": True}}
+    engine, _, _, _ = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
+    engine.load_checkpoint(os.path.join(FIXTURES, case), tag="step3", load_optimizer_states=False)
+    out = {}
+    for name, p in engine.module.named_parameters():
+        if p.requires_grad:
+            out[name] = (safe_get_full_fp32_param(p).numpy().copy(), p.detach().float().numpy().copy())
+    return out
+
+
+def test_without_its_optimizer_state_a_deepspeed_checkpoint_s_masters_are_its_weights():
+    """As DeepSpeed loads one (load_optimizer_states=False rebuilds the fp32 masters from the 16-bit
+    weights), not its saved fp32 masters, which differ from the weights by bf16's rounding."""
+    from safetensors.torch import load_file
+    expected = load_file(os.path.join(FIXTURES, "zero1_bf16", "expected.safetensors"))
+    result, = run_distributed(ds_weights_only_worker, 1, "zero1_bf16", timeout=120)
+    differ = 0
+    for name, (master, weight) in result.items():
+        assert np.array_equal(master, weight), name
+        assert np.array_equal(weight, expected[f"param/{name}"].float().numpy()), name
+        differ += not np.array_equal(master, expected[f"master/{name}"].numpy())
+    assert differ > 0  # the saved masters are not what was loaded

@@ -216,3 +216,31 @@ def test_unknown_names(tmp_path):
         ckpt.tensor("weights/fc1.weight")
     with pytest.raises(KeyError, match="no optimizer state 'momentum'"):
         ckpt.tensor("optim/momentum/fc1.weight")
+
+
+def test_a_rank_s_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_path):
+    """One rank's Adam state missing, then short: the checkpoint still opens (its weights and
+    masters are whole, so a load without the optimizer state, or a consolidation, needs nothing
+    else), and the optimizer state is marked unread with the file and what is wrong."""
+    from zeroshard.checkpoint.sources import DeepSpeedSource
+    path = copy_of("zero2_fp32", tmp_path)
+    victim = path / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    damages = {"missing": lambda o: o["base_optimizer_state"].__setitem__("state", {}),
+               "short": lambda o: o["base_optimizer_state"]["state"][0].__setitem__(
+                   "exp_avg_sq", o["base_optimizer_state"]["state"][0]["exp_avg_sq"][:3].clone())}
+    for damage, edit in damages.items():
+        shutil.copy(os.path.join(FIXTURES, "zero2_fp32", "step3", victim.name), victim)
+        with pickled_under_deepspeeds_names():
+            state = load_file(str(victim))
+            edit(state["optimizer_state_dict"])
+            torch.save(state, f"{victim}.new")  # not in place: `state` maps the old file's pages
+            os.replace(f"{victim}.new", victim)
+        ckpt = DeepSpeedCheckpoint(str(path))
+        assert str(victim) in ckpt.state_problem, (damage, ckpt.state_problem)
+        assert ("holds optimizer state none" if damage == "missing" else "exp_avg_sq does not hold") \
+            in ckpt.state_problem
+        trained = next(n for n in ckpt.param_names if n not in ckpt.frozen_names)
+        assert torch.equal(ckpt.tensor(f"master/{trained}"), loaded("zero2_fp32")[0].tensor(f"master/{trained}"))
+        unread = DeepSpeedSource(str(path)).section("layout")["optimizer"]["unread"]
+        assert "optimizer state is damaged" in unread and victim.name in unread
+    assert DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero2_fp32", "step3")).state_problem is None

@@ -335,7 +335,7 @@ def test_the_reader_names_what_it_cannot_read(tmp_path):
     step = os.path.join(_ckpt("megatron"), "step3")
     ckpt = DeepSpeedPipelineCheckpoint(step)
     assert (ckpt.num_stages, ckpt.data_parallel_size, ckpt.zero_stage, ckpt.dtype) == (2, 2, 1, "fp32")
-    assert ckpt.optimizer_saved and "2.shift" in ckpt.names  # a buffer, as in the state_dict
+    assert ckpt.optimizer.saved and "2.shift" in ckpt.names  # a buffer, as in the state_dict
     assert "5.weight" not in ckpt.names  # a tie's use through forward_fn has no file
     ckpt.share_ties([([0, 5], None), ([1, 3], None)])
     assert "1.weight" in ckpt.names and "3.weight" not in ckpt.names
@@ -379,12 +379,13 @@ def test_consolidation_refuses_it_by_name():
 
 
 def _resave(path, edit):
-    """A DeepSpeed file rewritten with edit(state) applied (its classes pickled under DeepSpeed's names)."""
+    """A DeepSpeed file rewritten with edit(state) applied (its classes pickled under DeepSpeed's
+    names); an optimizer file's edit gets its optimizer_state_dict."""
     from test_deepspeed_import import pickled_under_deepspeeds_names
     from zeroshard.checkpoint_import.deepspeed import load_file as load_ds_file
     with pickled_under_deepspeeds_names():
         state = load_ds_file(str(path))
-        edit(state["optimizer_state_dict"])
+        edit(state.get("optimizer_state_dict", state))
         torch.save(state, f"{path}.new")  # not in place: `state` maps the old file's pages
         os.replace(f"{path}.new", path)
 
@@ -397,11 +398,19 @@ def _damaged_rank(case, load_dir):
 DAMAGES = {  # case, its file to rewrite, the edit, what the refusal says
     "unreadable": ("bf16", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
                    lambda o: o["single_partition_of_fp32_groups"].__setitem__(0, None),
-                   "whose optimizer files cannot be read: AttributeError"),
+                   "whose stage 1 optimizer files (*mp_rank_01_optim_states.pt) cannot be read: AttributeError"),
     "a rank without state": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
                              lambda o: o["base_optimizer_state"].__setitem__("state", {}),
-                             "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 has no optimizer state "
-                             "exp_avg, exp_avg_sq, which rank 0's has"),
+                             "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 holds optimizer state none, "
+                             "zero_pp_rank_0_mp_rank_01_optim_states.pt ['exp_avg', 'exp_avg_sq']"),
+    "a short moment": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
+                       lambda o: o["base_optimizer_state"]["state"][0].__setitem__(
+                           "exp_avg", o["base_optimizer_state"]["state"][0]["exp_avg"][:5].clone()),
+                       "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0's exp_avg does not hold its "
+                       "partition's"),
+    "no parameter names (bf16 at ZeRO 0)": ("bf16", "mp_rank_01_model_states.pt",
+                                            lambda state: state.__setitem__("param_shapes", None),
+                                            "whose optimizer files do not name their parameters"),
     "stages' groups differ": ("bf16", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
                               lambda o: o["base_optimizer_state"]["param_groups"][0].__setitem__("lr", 0.5),
                               "whose stages' optimizers hold different param groups"),

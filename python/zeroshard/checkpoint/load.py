@@ -109,13 +109,14 @@ def _check_optimizer(engine, run, source, layout, skip):
 
 def _source_of(source, kind, name, same_dtype, load_states):
     """Which stored tensor fills `kind` of parameter `name`. A source whose masters belong to its
-    optimizer state (masters_with_optimizer: DeepSpeed's rule) gives them only when that is loaded."""
+    optimizer state (masters_with_optimizer: DeepSpeed's checkpoints, as DeepSpeed loads them) fills
+    the run's masters from them only when that is loaded; without it they are the weights."""
     master, param = tensor_name("master", name), tensor_name("param", name)
-    has_master = source.has(master) and (load_states or not source.masters_with_optimizer)
     if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
-        return param if same_dtype or not has_master else master
+        return param if same_dtype or not source.has(master) else master
     if kind == "master":
-        return master if has_master else param
+        own = load_states or not source.masters_with_optimizer
+        return master if own and source.has(master) else param
     return tensor_name(kind, name)
 
 

@@ -12,7 +12,7 @@ are aliases of it), which is how a load maps one onto the other."""
 import json
 
 from zeroshard.checkpoint.layout import Placement, renamed_key
-from zeroshard.checkpoint_import.deepspeed_pipe_optim import TIED_MODULES as _TIED, tie_prefix
+from zeroshard.tied_names import TIED_MODULES as _TIED, tie_prefix
 
 STAGE_LAYOUT = "stage_layout"  # a partial manifest's section: its stage's layout entries
 

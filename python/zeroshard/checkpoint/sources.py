@@ -84,7 +84,7 @@ class DeepSpeedSource:
     """A DeepSpeed checkpoint in zeroshard's terms. Tensors are rebuilt whole (DeepSpeed's files
     are per rank, not per range); the last one read is kept for the ranges that follow."""
     kind = "DeepSpeed"
-    masters_with_optimizer = False
+    masters_with_optimizer = True  # as DeepSpeed: without the optimizer state, masters from the weights
 
     def __init__(self, path):
         self.path = path
@@ -131,7 +131,9 @@ class DeepSpeedSource:
                     "aliases": dict(self.ds.shared_params),
                     "frozen_excluded": False,
                     "optimizer": {"type": s["optimizer"]["type"],
-                                  "state_names": list(self.ds.optimizer_state_names)}}
+                                  "state_names": list(self.ds.optimizer_state_names),
+                                  **({"unread": f"{self.path}'s optimizer state is damaged: {self.ds.state_problem}"}
+                                     if self.ds.state_problem else {})}}
         if name == "training_state":
             return _training_state(s)
         if name == "param_groups":

@@ -287,13 +287,26 @@ class DeepSpeedCheckpoint:
         self.dtype = PRECISION_OF[module_dtype]
         first_state = self._rank_state(0, 0)
         self.optimizer_state_names = [k for k, v in first_state.items() if torch.is_tensor(v) and v.dim() > 0]
-        for rank in range(self.world_size):  # every rank's every group: a missing one fails here, not mid-load
-            for group in range(len(param_shapes)):
+        self.state_problem = self._check_states(len(param_shapes))
+
+    def _check_states(self, groups):
+        """What is wrong with the ranks' optimizer state, else None: each group's state must have the
+        names and lengths rank 0's has, so that a load asking for it fails before writing, not
+        part-way. Only a load of the optimizer state needs it (sources.py reports it as unread)."""
+        for group in range(groups):
+            names = sorted(k for k, v in self._rank_state(0, group).items() if torch.is_tensor(v) and v.dim() > 0)
+            for rank in range(self.world_size):
                 state = self._rank_state(rank, group)
-                missing = [k for k in self.optimizer_state_names if not torch.is_tensor(state.get(k))]
-                if missing:
-                    raise ValueError(f"{self._optim_paths[rank]}: flat group {group} has no optimizer state "
-                                     f"{', '.join(missing)}, which rank 0's has")
+                have = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
+                if have != names:
+                    return (f"{self._optim_paths[rank]}: flat group {group} holds optimizer state {have or 'none'}, "
+                            f"{os.path.basename(self._optim_paths[0])} {names}")
+                size = self._lean(rank, group, None).numel()
+                short = [k for k in names if self._lean(rank, group, k).numel() != size]
+                if short:
+                    return (f"{self._optim_paths[rank]}: flat group {group}'s {', '.join(short)} does not hold its "
+                            f"partition's {size} elements")
+        return None
 
     def _base_optimizer_state(self, optim):
         if self.zero_stage == 3:

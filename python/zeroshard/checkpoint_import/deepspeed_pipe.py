@@ -93,8 +93,7 @@ class DeepSpeedPipelineCheckpoint:
             raise ValueError(f"{ckpt_dir}: the layers are {dtype}; expected float32, bfloat16 or float16")
         self.dtype = PRECISION_OF[dtype]
         self.optimizer = PipelineOptimizerState(ckpt_dir, names, stage_files, self.zero_stage)
-        self.optimizer_saved = self.optimizer.saved
-        self.optimizer.name({}, self._tensors.get)  # again by share_ties, with the run's tie keys
+        self.optimizer.bind_tie_keys({}, self._tensors.get)  # again by share_ties, with the run's tie keys
 
     @staticmethod
     def _stage_file(path):
@@ -132,7 +131,7 @@ class DeepSpeedPipelineCheckpoint:
             if source != layers[0]:
                 renamed = {name: f"{layers[0]}.{rest}" for rest, name in kept.items()}
                 self._tensors = {renamed.get(n, n): t for n, t in self._tensors.items()}
-        self.optimizer.name(keys or {}, self._tensors.get)
+        self.optimizer.bind_tie_keys(keys or {}, self._tensors.get)
 
     def _held(self, index, names):
         """{name within the layer: stored name} of layer `index`'s tensors (of `names` only, unless None)."""

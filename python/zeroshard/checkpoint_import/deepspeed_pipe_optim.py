@@ -7,22 +7,14 @@ layer files' tensors are named (deepspeed_pipe.py), a tie by its first layer."""
 import torch
 
 from zeroshard.checkpoint_import.deepspeed import OPTIM_FILE_RE, DeepSpeedCheckpoint
+from zeroshard.tied_names import TIED_MODULES, tie_prefix
 
-__all__ = ["PipelineOptimizerState", "TIED_MODULES", "tie_prefix"]
-
-# Where DeepSpeed's PipelineModule, and zeroshard's after it, keeps a tie's module on each stage.
-TIED_MODULES = "tied_modules."
-
-
-def tie_prefix(name):
-    """"tied_modules.<key>" for a name under a tie's module, else None."""
-    parts = name.split(".", 2)
-    return f"{parts[0]}.{parts[1]}" if name.startswith(TIED_MODULES) and len(parts) > 1 else None
+__all__ = ["PipelineOptimizerState"]
 
 
 class PipelineOptimizerState:
     """Opened with the checkpoint; unread says why it cannot be read into the run (None when it can
-    or none was saved). name() binds the run's tie keys; then has(key) / tensor(key) answer
+    or none was saved). bind_tie_keys() names the tensors; then has(key) / tensor(key) answer
     "master/<name>" and "optim/<state>/<name>" with full fp32 tensors."""
 
     def __init__(self, path, file_names, stage_files, zero_stage):
@@ -44,10 +36,15 @@ class PipelineOptimizerState:
             return None, where + ("whose optimizer files do not name their parameters: DeepSpeed saves "
                                   "param_shapes under ZeRO only (bf16 at ZeRO stage 0 is its BF16_Optimizer's); "
                                   "zeroshard reads it as ZeRO-1 saves it")
-        try:
-            stages = [DeepSpeedCheckpoint(self.path, stage=s) for s in range(len(stage_files))]
-        except Exception as error:  # noqa: BLE001 - any damage: the weights still load without it
-            return None, where + f"whose optimizer files cannot be read: {type(error).__name__}: {error}"
+        stages = []
+        for s in range(len(stage_files)):
+            try:
+                stages.append(DeepSpeedCheckpoint(self.path, stage=s))
+            except Exception as error:  # noqa: BLE001 - any damage: the weights still load without it
+                return None, where + (f"whose stage {s} optimizer files (*mp_rank_{s:02d}_optim_states.pt) cannot "
+                                      f"be read: {type(error).__name__}: {error}")
+            if stages[-1].state_problem:
+                return None, where + f"whose optimizer state is damaged: {stages[-1].state_problem}"
         states = {tuple(s.optimizer_state_names) for s in stages}
         groups = [[{k: v for k, v in g.items() if k != "params"} for g in s.sections()["optimizer"]["param_groups"]]
                   for s in stages]
@@ -63,7 +60,7 @@ class PipelineOptimizerState:
     def unread(self):
         return self._unread or self._tie_unread
 
-    def name(self, keys, layer_tensor):
+    def bind_tie_keys(self, keys, layer_tensor):
         """keys: {"tied_modules.<key>": "<its first layer>"}, the run's TiedLayerSpec keys.
         layer_tensor(name): the layer files' tensor of that name, or None. DeepSpeed keeps a tie on
         each stage that uses it; its state is read from the first stage whose fp32 master rounds to

@@ -136,7 +136,7 @@ class PipelineModule(torch.nn.Module):
         # Boundaries over the p * v global stages: global stage s holds layers [parts[s], parts[s+1])
         # and lives on pipeline rank s % p as its model chunk s // p.
         self.parts = self._partition(partition_method)
-        self.tied_modules = torch.nn.ModuleDict()
+        self.tied_modules = torch.nn.ModuleDict()  # checkpoints name a tie by this (zeroshard.tied_names)
         self.tied_weight_attrs = {}
         # Per model chunk: what forward calls in order, and the modules those calls use.
         self._chunk_funcs, self._chunk_modules = zip(*(self._build_chunk(c) for c in range(self.virtual_stages)))
