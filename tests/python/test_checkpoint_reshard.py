@@ -436,9 +436,9 @@ def test_buffers_that_differ_across_ranks(tmp_path):
                  f"rank 1 {saved[1][name]}")
 
 
-def ds_weights_only_worker(case):
-    """A DeepSpeed bf16 ZeRO checkpoint loaded without its optimizer state: each parameter's fp32
-    master (safe_get_full_fp32_param) against its loaded bf16 weight."""
+def ds_weights_only_worker(load_dir, **load_kwargs):
+    """A DeepSpeed bf16 ZeRO checkpoint loaded (load_kwargs): each parameter's fp32 master
+    (safe_get_full_fp32_param) and its loaded bf16 weight."""
     import zeroshard
     from zeroshard.utils import safe_get_full_fp32_param
     torch.manual_seed(123)
@@ -447,7 +447,7 @@ def ds_weights_only_worker(case):
     cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 1000,
            "bf16": {"enabled": True}}
     engine, _, _, _ = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
-    engine.load_checkpoint(os.path.join(FIXTURES, case), tag="step3", load_optimizer_states=False)
+    engine.load_checkpoint(load_dir, tag="step3", **load_kwargs)
     out = {}
     for name, p in engine.module.named_parameters():
         if p.requires_grad:
@@ -460,10 +460,12 @@ def test_without_its_optimizer_state_a_deepspeed_checkpoint_s_masters_are_its_we
     weights), not its saved fp32 masters, which differ from the weights by bf16's rounding."""
     from safetensors.torch import load_file
     expected = load_file(os.path.join(FIXTURES, "zero1_bf16", "expected.safetensors"))
-    result, = run_distributed(ds_weights_only_worker, 1, "zero1_bf16", timeout=120)
+    result, = run_distributed(ds_weights_only_worker, 1, os.path.join(FIXTURES, "zero1_bf16"),
+                              load_optimizer_states=False, timeout=120)
     differ = 0
     for name, (master, weight) in result.items():
         assert np.array_equal(master, weight), name
         assert np.array_equal(weight, expected[f"param/{name}"].float().numpy()), name
         differ += not np.array_equal(master, expected[f"master/{name}"].numpy())
     assert differ > 0  # the saved masters are not what was loaded
+

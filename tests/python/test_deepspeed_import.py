@@ -218,29 +218,42 @@ def test_unknown_names(tmp_path):
         ckpt.tensor("optim/momentum/fc1.weight")
 
 
-def test_a_rank_s_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_path):
-    """One rank's Adam state missing, then short: the checkpoint still opens (its weights and
-    masters are whole, so a load without the optimizer state, or a consolidation, needs nothing
-    else), and the optimizer state is marked unread with the file and what is wrong."""
+def test_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_path):
+    """A rank's Adam state missing, a moment too short, a group's state gone on every rank: the
+    checkpoint still opens (its weights and masters are whole, so a load without the optimizer
+    state, or a consolidation, needs nothing else); the optimizer state is marked unread with the
+    file and what is wrong, and the reader refuses its optim/ tensors."""
     from zeroshard.checkpoint.sources import DeepSpeedSource
+    files = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+
+    def state(o, group=0):
+        return o["base_optimizer_state"]["state"][group]
+    damages = {  # damage -> (files to edit, edit, what state_problem says)
+        "rank 1 without state": (files[1:], lambda o: o["base_optimizer_state"].__setitem__("state", {}),
+                                 f"{files[1]}: flat group 0 holds no state where {files[0]}'s flat group 0 "
+                                 "holds ['exp_avg', 'exp_avg_sq']"),
+        "a short moment": (files[1:], lambda o: state(o).__setitem__("exp_avg_sq", state(o)["exp_avg_sq"][:3]),
+                           f"{files[1]}: flat group 0's exp_avg_sq holds 2 elements, expected its partition's 537"),
+        "group 1 gone everywhere": (files, lambda o: o["base_optimizer_state"]["state"].__setitem__(1, {}),
+                                    f"{files[0]}: flat group 1 holds no state where {files[0]}'s flat group 0"),
+    }
     path = copy_of("zero2_fp32", tmp_path)
-    victim = path / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    damages = {"missing": lambda o: o["base_optimizer_state"].__setitem__("state", {}),
-               "short": lambda o: o["base_optimizer_state"]["state"][0].__setitem__(
-                   "exp_avg_sq", o["base_optimizer_state"]["state"][0]["exp_avg_sq"][:3].clone())}
-    for damage, edit in damages.items():
-        shutil.copy(os.path.join(FIXTURES, "zero2_fp32", "step3", victim.name), victim)
+    for damage, (victims, edit, said) in damages.items():
+        for name in files:
+            shutil.copy(os.path.join(FIXTURES, "zero2_fp32", "step3", name), path / name)
         with pickled_under_deepspeeds_names():
-            state = load_file(str(victim))
-            edit(state["optimizer_state_dict"])
-            torch.save(state, f"{victim}.new")  # not in place: `state` maps the old file's pages
-            os.replace(f"{victim}.new", victim)
+            for name in victims:
+                saved = load_file(str(path / name))
+                edit(saved["optimizer_state_dict"])
+                torch.save(saved, f"{path / name}.new")  # not in place: `saved` maps the old file's pages
+                os.replace(f"{path / name}.new", path / name)
         ckpt = DeepSpeedCheckpoint(str(path))
-        assert str(victim) in ckpt.state_problem, (damage, ckpt.state_problem)
-        assert ("holds optimizer state none" if damage == "missing" else "exp_avg_sq does not hold") \
-            in ckpt.state_problem
+        assert ckpt.state_problem.startswith("the optimizer state is damaged: ") and said in ckpt.state_problem, \
+            (damage, ckpt.state_problem)
         trained = next(n for n in ckpt.param_names if n not in ckpt.frozen_names)
         assert torch.equal(ckpt.tensor(f"master/{trained}"), loaded("zero2_fp32")[0].tensor(f"master/{trained}"))
+        with pytest.raises(ValueError, match="the optimizer state is damaged"):
+            ckpt.tensor(f"optim/exp_avg/{trained}")
         unread = DeepSpeedSource(str(path)).section("layout")["optimizer"]["unread"]
-        assert "optimizer state is damaged" in unread and victim.name in unread
+        assert unread.startswith(f"{path}: the optimizer state is damaged") and said in unread
     assert DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero2_fp32", "step3")).state_problem is None

@@ -401,13 +401,13 @@ DAMAGES = {  # case, its file to rewrite, the edit, what the refusal says
                    "whose stage 1 optimizer files (*mp_rank_01_optim_states.pt) cannot be read: AttributeError"),
     "a rank without state": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
                              lambda o: o["base_optimizer_state"].__setitem__("state", {}),
-                             "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 holds optimizer state none, "
-                             "zero_pp_rank_0_mp_rank_01_optim_states.pt ['exp_avg', 'exp_avg_sq']"),
+                             "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 holds no state where "
+                             "zero_pp_rank_0_mp_rank_01_optim_states.pt's flat group 0 holds ['exp_avg', 'exp_avg_sq']"),
     "a short moment": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
                        lambda o: o["base_optimizer_state"]["state"][0].__setitem__(
                            "exp_avg", o["base_optimizer_state"]["state"][0]["exp_avg"][:5].clone()),
-                       "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0's exp_avg does not hold its "
-                       "partition's"),
+                       "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0's exp_avg holds 5 elements, "
+                       "expected its partition's 536"),
     "no parameter names (bf16 at ZeRO 0)": ("bf16", "mp_rank_01_model_states.pt",
                                             lambda state: state.__setitem__("param_shapes", None),
                                             "whose optimizer files do not name their parameters"),

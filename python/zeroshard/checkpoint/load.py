@@ -107,16 +107,17 @@ def _check_optimizer(engine, run, source, layout, skip):
                          "to load the weights only")
 
 
-def _source_of(source, kind, name, same_dtype, load_states):
+def _source_of(source, kind, name, same_dtype, states_asked):
     """Which stored tensor fills `kind` of parameter `name`. A source whose masters belong to its
-    optimizer state (masters_with_optimizer: DeepSpeed's checkpoints, as DeepSpeed loads them) fills
-    the run's masters from them only when that is loaded; without it they are the weights."""
+    optimizer state (masters_with_optimizer: DeepSpeed's checkpoints, as DeepSpeed loads them) is
+    read for them only when the caller asked for that state; otherwise masters and weights both
+    come from its weights."""
     master, param = tensor_name("master", name), tensor_name("param", name)
+    use_master = source.has(master) and (states_asked or not source.masters_with_optimizer)
     if kind == "param":  # the saved copy only in the same dtype, else the fp32 masters rounded
-        return param if same_dtype or not source.has(master) else master
+        return param if same_dtype or not use_master else master
     if kind == "master":
-        own = load_states or not source.masters_with_optimizer
-        return master if own and source.has(master) else param
+        return master if use_master else param
     return tensor_name(kind, name)
 
 
@@ -128,6 +129,7 @@ def _has_states(run, source):
 def _load_weights(run, source, skip, load_states):
     """Everything the run holds, read into its live storage (no collective)."""
     same_dtype = source.section("layout")["dtype"] == run.dtype_name
+    states_asked = load_states
     if load_states and not _has_states(run, source):
         run.core.drop_optimizer_state()  # saved before its first step: so is this run now
         load_states = False
@@ -136,7 +138,7 @@ def _load_weights(run, source, skip, load_states):
         name = run.names[index]
         if name in skip or (kind not in ("param", "master") and not load_states):
             continue
-        src = _source_of(source, kind, name, same_dtype, load_states)
+        src = _source_of(source, kind, name, same_dtype, states_asked)
         if not source.has(src):
             if kind == "param" and not run.trainable[index]:
                 continue  # a frozen parameter left out of the checkpoint (exclude_frozen_parameters)

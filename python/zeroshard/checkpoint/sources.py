@@ -132,7 +132,7 @@ class DeepSpeedSource:
                     "frozen_excluded": False,
                     "optimizer": {"type": s["optimizer"]["type"],
                                   "state_names": list(self.ds.optimizer_state_names),
-                                  **({"unread": f"{self.path}'s optimizer state is damaged: {self.ds.state_problem}"}
+                                  **({"unread": f"{self.path}: {self.ds.state_problem}"}
                                      if self.ds.state_problem else {})}}
         if name == "training_state":
             return _training_state(s)

@@ -285,27 +285,30 @@ class DeepSpeedCheckpoint:
                              "bfloat16 or float16")
         self._module_dtype = module_dtype
         self.dtype = PRECISION_OF[module_dtype]
-        first_state = self._rank_state(0, 0)
-        self.optimizer_state_names = [k for k, v in first_state.items() if torch.is_tensor(v) and v.dim() > 0]
-        self.state_problem = self._check_states(len(param_shapes))
+        try:
+            self.optimizer_state_names = _state_names(self._rank_state(0, 0))
+            self.state_problem = self._check_states(len(param_shapes))
+        except ValueError as error:  # a file without a torch state_dict: the weights and masters are whole
+            self.optimizer_state_names, self.state_problem = [], f"the optimizer state is damaged: {error}"
 
     def _check_states(self, groups):
-        """What is wrong with the ranks' optimizer state, else None: each group's state must have the
-        names and lengths rank 0's has, so that a load asking for it fails before writing, not
-        part-way. Only a load of the optimizer state needs it (sources.py reports it as unread)."""
+        """What is wrong with the optimizer state, else None: every rank's every group must hold the
+        states rank 0's first group holds, each as long as its partition, so that a load asking for
+        it is refused before writing, not part-way. Only such a load needs it (sources.py reports it
+        as the state's "unread" reason; tensor() refuses optim/ keys)."""
         for group in range(groups):
-            names = sorted(k for k, v in self._rank_state(0, group).items() if torch.is_tensor(v) and v.dim() > 0)
             for rank in range(self.world_size):
-                state = self._rank_state(rank, group)
-                have = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
-                if have != names:
-                    return (f"{self._optim_paths[rank]}: flat group {group} holds optimizer state {have or 'none'}, "
-                            f"{os.path.basename(self._optim_paths[0])} {names}")
+                have = _state_names(self._rank_state(rank, group))
+                if sorted(have) != sorted(self.optimizer_state_names):
+                    return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group} holds "
+                            f"{have or 'no state'} where {os.path.basename(self._optim_paths[0])}'s flat group 0 "
+                            f"holds {self.optimizer_state_names}")
                 size = self._lean(rank, group, None).numel()
-                short = [k for k in names if self._lean(rank, group, k).numel() != size]
-                if short:
-                    return (f"{self._optim_paths[rank]}: flat group {group}'s {', '.join(short)} does not hold its "
-                            f"partition's {size} elements")
+                for name in have:
+                    held = self._lean(rank, group, name).numel()
+                    if held != size:
+                        return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group}'s "
+                                f"{name} holds {held} elements, expected its partition's {size}")
         return None
 
     def _base_optimizer_state(self, optim):
@@ -388,6 +391,8 @@ class DeepSpeedCheckpoint:
             return self._model[0]["module"][rest].detach().clone()
         if kind == "optim":
             state, _, name = rest.partition("/")
+            if self.state_problem:
+                raise ValueError(f"{key!r}: {self.path}: {self.state_problem}")
             if state not in self.optimizer_state_names:
                 raise KeyError(f"{key!r}: no optimizer state {state!r}; expected one of "
                                f"{self.optimizer_state_names}")
@@ -489,7 +494,7 @@ class DeepSpeedCheckpoint:
         if isinstance(base, list):  # elastic_checkpoint: per-group state, hyper-parameters not saved
             groups = [{"params": n} for n in names]
             step = self._optim[0].get("base_optimizer_state_step")
-        else:
+        elif isinstance(base, dict):
             position = {key: k for k, key in enumerate(self._state_keys)}
             groups = []
             for group in base.get("param_groups", []):
@@ -497,10 +502,17 @@ class DeepSpeedCheckpoint:
                 plain["params"] = [n for key in group["params"] for n in names[position[key]]]
                 groups.append(plain)
             step = next((s["step"] for s in base.get("state", {}).values() if "step" in s), None)
+        else:  # no optimizer state_dict (state_problem says so)
+            groups, step = [], None
         if step is None and groups:
             step = groups[0].get("step")
         return {"type": _optimizer_type(groups), "step": None if step is None else int(plain_value(step)),
                 "param_groups": groups}
+
+
+def _state_names(state):
+    """The per-element states of one flat group's optimizer state (exp_avg, exp_avg_sq; not step)."""
+    return [k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0]
 
 
 def _config_dtype(config):

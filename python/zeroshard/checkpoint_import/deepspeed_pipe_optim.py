@@ -44,7 +44,7 @@ class PipelineOptimizerState:
                 return None, where + (f"whose stage {s} optimizer files (*mp_rank_{s:02d}_optim_states.pt) cannot "
                                       f"be read: {type(error).__name__}: {error}")
             if stages[-1].state_problem:
-                return None, where + f"whose optimizer state is damaged: {stages[-1].state_problem}"
+                return None, f"{self.path}: {stages[-1].state_problem}"
         states = {tuple(s.optimizer_state_names) for s in stages}
         groups = [[{k: v for k, v in g.items() if k != "params"} for g in s.sections()["optimizer"]["param_groups"]]
                   for s in stages]
