@@ -402,7 +402,8 @@ DAMAGES = {  # case, its file to rewrite, the edit, what the refusal says
     "a rank without state": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
                              lambda o: o["base_optimizer_state"].__setitem__("state", {}),
                              "zero_pp_rank_1_mp_rank_01_optim_states.pt: flat group 0 holds no state where "
-                             "zero_pp_rank_0_mp_rank_01_optim_states.pt's flat group 0 holds ['exp_avg', 'exp_avg_sq']"),
+                             "zero_pp_rank_0_mp_rank_01_optim_states.pt's flat group 0 holds "
+                             "['exp_avg', 'exp_avg_sq']"),
     "a short moment": ("megatron", "zero_pp_rank_1_mp_rank_01_optim_states.pt",
                        lambda o: o["base_optimizer_state"]["state"][0].__setitem__(
                            "exp_avg", o["base_optimizer_state"]["state"][0]["exp_avg"][:5].clone()),
