@@ -175,3 +175,31 @@ def test_a_parameter_trained_here_but_frozen_in_the_checkpoint_is_refused_before
     for (kind, message), unchanged in run_distributed(frozen_worker, 2, root, "load"):
         assert kind == "ValueError" and f"no optimizer state for {name}, which this run trains" in message, message
         assert "load_optimizer_states=False" in message and unchanged
+
+
+def moved_group_worker(root, mode):
+    """mode "save": the GPT with two param groups (matrices with weight decay, the rest without),
+    trained 1 step and saved; "load": the first matrix in the second group instead."""
+    import zeroshard
+    from models import MODELS
+    model = MODELS["gpt"]()
+    named = list(model.named_parameters())
+    matrices, rest = [p for _, p in named if p.dim() >= 2], [p for _, p in named if p.dim() < 2]
+    if mode == "load":
+        matrices, rest = matrices[1:], [matrices[0]] + rest
+    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    engine, _, _, _ = zeroshard.initialize(model=model, model_parameters=groups, config=W.config(2))
+    W.train(engine, "gpt", 0, 1)
+    if mode == "save":
+        engine.save_checkpoint(root, tag="g")
+        return next(n for n, p in named if p.dim() >= 2)
+    return _outcome(lambda: engine.load_checkpoint(root, tag="g"))
+
+
+def test_a_parameter_moved_to_another_param_group_is_refused(tmp_path):
+    """Group hyper-parameters load by index: the moved matrix would get the other group's weight
+    decay. Refused before any write, naming it."""
+    root = str(tmp_path)
+    name = run_distributed(moved_group_worker, 2, root, "save")[0]
+    for kind, message in run_distributed(moved_group_worker, 2, root, "load"):
+        assert kind == "ValueError" and f"{name} (checkpoint 0, this run 1)" in message, message

@@ -469,3 +469,29 @@ def test_without_its_optimizer_state_a_deepspeed_checkpoint_s_masters_are_its_we
         differ += not np.array_equal(master, expected[f"master/{name}"].numpy())
     assert differ > 0  # the saved masters are not what was loaded
 
+
+
+def ds_moved_group_worker(stage):
+    """The zero2_fp32 checkpoint (groups: matrices with weight decay, the rest without) loaded with
+    its optimizer state into a run whose first matrix sits in the second group."""
+    import zeroshard
+    model = TinyModel()
+    decay, rest = param_group_names(model)
+    optimizer = torch.optim.AdamW(param_groups(model, [decay[1:], [decay[0]] + rest]), lr=DS_LR)
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
+    engine, _, _, _ = zeroshard.initialize(model=model, optimizer=optimizer, config=cfg)
+    before = {n: t.detach().clone() for n, t in engine.module.state_dict().items()}
+    try:
+        engine.load_checkpoint(os.path.join(FIXTURES, "zero2_fp32"), tag="step3")
+    except ValueError as error:
+        return str(error), all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items()), decay[0]
+    return None, None, decay[0]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_parameter_in_another_param_group_than_saved_is_refused(stage):
+    """Each group's hyper-parameters (weight decay here) load by group index, so a parameter moved
+    to another group would get the other group's: refused before anything is written, naming it."""
+    error, unchanged, moved = run_distributed(ds_moved_group_worker, 1, stage, timeout=120)[0]
+    assert error is not None and f"{moved} (checkpoint 0, this run 1)" in error, error
+    assert "build the optimizer's groups as the saved run did" in error and unchanged

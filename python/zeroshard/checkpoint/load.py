@@ -81,8 +81,9 @@ def _check_names(run, source, layout, strict, held):
 
 def _check_optimizer(engine, run, source, layout, skip):
     """Loading optimizer state needs the same optimizer: another one's state names (or, for a
-    zeroshard checkpoint, its type), another number of parameter groups, or a parameter this run
-    trains without saved state (where others have it) are an error."""
+    zeroshard checkpoint, its type), another number of parameter groups, a parameter in another
+    group than where it was saved, or a parameter this run trains without saved state (where others
+    have it) are an error."""
     saved = layout["optimizer"]
     if saved.get("unread"):
         raise ValueError(f"load_checkpoint: {saved['unread']}; pass load_optimizer_states=False (or "
@@ -99,6 +100,13 @@ def _check_optimizer(engine, run, source, layout, skip):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
                          f"{len(engine.optimizer.param_groups)}; pass load_optimizer_states=False to load "
                          "the weights only")
+    saved_group = {p["name"]: p["group"] for p in layout["params"] if p.get("group") is not None}
+    moved = [f"{n} (checkpoint {saved_group[n]}, this run {g})" for n, g in zip(run.names, run.groups)
+             if g is not None and n not in skip and saved_group.get(n, g) != g]
+    if moved:  # each group's hyper-parameters load by index: they would land on other parameters
+        raise ValueError(f"load_checkpoint: parameters sit in other param groups than in the checkpoint: "
+                         f"{', '.join(moved[:8])}; build the optimizer's groups as the saved run did, or pass "
+                         "load_optimizer_states=False to load the weights only")
     lacking = [n for n, t in zip(run.names, run.trainable) if t and n not in skip
                and not all(source.has(tensor_name(k, n)) for k in run.core.state_names)]
     if lacking and _has_states(run, source):

@@ -124,8 +124,9 @@ class DeepSpeedSource:
         s = self._sections
         ds = s["deepspeed"]
         if name == "layout":
+            group = self.ds.param_groups_of()
             params = [{"name": n, "shape": list(self.ds.shape(n)), "trainable": n not in self.ds.frozen_names,
-                       "group": None} for n in self.ds.param_names]
+                       "group": group.get(n)} for n in self.ds.param_names]
             return {"world_size": ds["world_size"], "zero_stage": ds["zero_stage"], "dtype": ds["dtype"],
                     "params": params, "buffers": list(getattr(self.ds, "buffer_names", [])),
                     "aliases": dict(self.ds.shared_params),
@@ -222,8 +223,8 @@ class DeepSpeedPipelineSource:
         ds, saved, optimizer = self.ds, self._saved, self.ds.optimizer
         if name == "layout":
             # Every tensor as a parameter (see _full); which were frozen is not saved.
-            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
-                      for n in ds.names]
+            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True,
+                       "group": optimizer.group_of(n)} for n in ds.names]
             saved_optimizer = {"type": saved["optimizer"]["type"], "state_names": optimizer.state_names}
             if optimizer.unread or not optimizer.saved:
                 saved_optimizer["unread"] = optimizer.unread or (f"{self.path} is a DeepSpeed pipeline checkpoint "

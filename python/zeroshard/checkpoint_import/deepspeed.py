@@ -132,6 +132,7 @@ class DeepSpeedCheckpoint:
     def __init__(self, ckpt_dir, stage=None):
         self.path = ckpt_dir
         self._stage = stage
+        self._groups_of = None  # param_groups_of's, made once
         self._mp = f"mp_rank_{stage or 0:02d}"
         model_paths, optim_paths, optim0 = self._find_files(ckpt_dir)
         self._model = [self._checked_model(load_file(p), p) for p in model_paths]
@@ -310,6 +311,15 @@ class DeepSpeedCheckpoint:
                         return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group}'s "
                                 f"{name} holds {held} elements, expected its partition's {size}")
         return None
+
+    def param_groups_of(self):
+        """{parameter name: index of the optimizer param group that holds it} (tied names included)."""
+        if self._groups_of is None:
+            groups = self._optimizer_section()["param_groups"]
+            self._groups_of = {n: g for g, group in enumerate(groups) for n in group["params"]}
+            self._groups_of.update((tied, self._groups_of[name]) for tied, name in self._shared.items()
+                                   if name in self._groups_of)
+        return self._groups_of
 
     def _base_optimizer_state(self, optim):
         if self.zero_stage == 3:
