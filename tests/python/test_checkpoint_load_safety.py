@@ -193,7 +193,9 @@ def moved_group_worker(root, mode):
     if mode == "save":
         engine.save_checkpoint(root, tag="g")
         return next(n for n, p in named if p.dim() >= 2)
-    return _outcome(lambda: engine.load_checkpoint(root, tag="g"))
+    before = {n: t.clone() for n, t in engine.module.state_dict().items()}
+    result = _outcome(lambda: engine.load_checkpoint(root, tag="g"))
+    return result, all(torch.equal(t, before[n]) for n, t in engine.module.state_dict().items())
 
 
 def test_a_parameter_moved_to_another_param_group_is_refused(tmp_path):
@@ -201,5 +203,6 @@ def test_a_parameter_moved_to_another_param_group_is_refused(tmp_path):
     decay. Refused before any write, naming it."""
     root = str(tmp_path)
     name = run_distributed(moved_group_worker, 2, root, "save")[0]
-    for kind, message in run_distributed(moved_group_worker, 2, root, "load"):
+    for (kind, message), unchanged in run_distributed(moved_group_worker, 2, root, "load"):
         assert kind == "ValueError" and f"{name} (checkpoint 0, this run 1)" in message, message
+        assert unchanged

@@ -342,3 +342,40 @@ def test_an_interleaved_checkpoint_resumes_exactly_and_in_another_layout(tmp_pat
         _losses_close(r["v1"]["losses"], r["losses"][SAVE_AT:], f"rank {rank}, virtual_stages 1")
     _close(_joined([r["same"]["end"] for r in results]), saved_end, "virtual_stages 2 reloaded", tol=0.0)
     _close(_joined([r["v1"]["end"] for r in results]), saved_end, "virtual_stages 1 from virtual_stages 2")
+
+
+def _grouped(named):
+    """Two param groups: the tied embedding's (lr 1e-3) and the rest."""
+    is_tied = [n.startswith(("tied_modules.", "0.")) for n, _ in named]
+    return [{"params": [p for (_, p), t in zip(named, is_tied) if t], "lr": 1e-3},
+            {"params": [p for (_, p), t in zip(named, is_tied) if not t]}]
+
+
+def _grouped_worker(root, mode):
+    """mode "save": 3 stages, so the middle one's optimizer has only the second group (numbered 0
+    there), trained one step and saved; "load": the same layers without a pipeline, same groups."""
+    import torch
+    import zeroshard
+    from pipe_models import SEQ, VOCAB, IndexedLayers, layer_specs, loss_fn
+    from zeroshard.pipe import PipelineModule
+    config = {k: v for k, v in _config(2, 1, 1).items() if k != "scheduler"}  # the groups' own lrs
+    if mode == "save":
+        net = PipelineModule(layers=layer_specs(4), num_stages=3, loss_fn=loss_fn, partition_method="uniform")
+        engine, _, _, _ = zeroshard.initialize(model=net, config=config, model_parameters=_grouped(
+            list(net.named_parameters())))
+        x = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+        engine.train_batch(iter([(x, x)]))
+        engine.save_checkpoint(root, tag="g")
+        return None
+    model = IndexedLayers(layer_specs(4))
+    engine, _, _, _ = zeroshard.initialize(model=model, config=config,
+                                           model_parameters=_grouped(list(model.named_parameters())))
+    engine.load_checkpoint(root, tag="g")
+    return [g["lr"] for g in engine.optimizer.param_groups]
+
+
+def test_a_pipeline_whose_stage_lacks_a_group_loads_without_a_pipeline(tmp_path):
+    """A pipeline's stages number their own param groups (an empty one left out), so the group of
+    each parameter is not compared across such a load; the groups' hyper-parameters come through."""
+    run_distributed(_grouped_worker, 3, str(tmp_path), "save")
+    assert run_distributed(_grouped_worker, 1, str(tmp_path), "load")[0] == [1e-3, pytest.approx(1e-2)]

@@ -100,12 +100,18 @@ def _check_optimizer(engine, run, source, layout, skip):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
                          f"{len(engine.optimizer.param_groups)}; pass load_optimizer_states=False to load "
                          "the weights only")
+    # Each saved group's hyper-parameters load onto the run's group of that index. Checked where both
+    # sides number the groups of one whole model: a pipeline's stages number their own groups.
+    one_model = (layout.get("num_stages", 1) == 1 and source.section("pipeline") is None
+                 and run.placement.pipeline is None)
     saved_group = {p["name"]: p["group"] for p in layout["params"] if p.get("group") is not None}
     moved = [f"{n} (checkpoint {saved_group[n]}, this run {g})" for n, g in zip(run.names, run.groups)
-             if g is not None and n not in skip and saved_group.get(n, g) != g]
-    if moved:  # each group's hyper-parameters load by index: they would land on other parameters
-        raise ValueError(f"load_checkpoint: parameters sit in other param groups than in the checkpoint: "
-                         f"{', '.join(moved[:8])}; build the optimizer's groups as the saved run did, or pass "
+             if one_model and g is not None and n not in skip and saved_group.get(n, g) != g]
+    if moved:
+        more = f" and {len(moved) - 8} more" if len(moved) > 8 else ""
+        raise ValueError(f"load_checkpoint: parameters sit in other param groups than in the checkpoint (group "
+                         f"positions in the optimizer's param_groups, empty groups left out): "
+                         f"{', '.join(moved[:8])}{more}; build the optimizer's groups as the saved run did, or pass "
                          "load_optimizer_states=False to load the weights only")
     lacking = [n for n, t in zip(run.names, run.trainable) if t and n not in skip
                and not all(source.has(tensor_name(k, n)) for k in run.core.state_names)]

@@ -223,8 +223,8 @@ class DeepSpeedPipelineSource:
         ds, saved, optimizer = self.ds, self._saved, self.ds.optimizer
         if name == "layout":
             # Every tensor as a parameter (see _full); which were frozen is not saved.
-            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True,
-                       "group": optimizer.group_of(n)} for n in ds.names]
+            params = [{"name": n, "shape": list(ds.tensor(n).shape), "trainable": True, "group": None}
+                      for n in ds.names]
             saved_optimizer = {"type": saved["optimizer"]["type"], "state_names": optimizer.state_names}
             if optimizer.unread or not optimizer.saved:
                 saved_optimizer["unread"] = optimizer.unread or (f"{self.path} is a DeepSpeed pipeline checkpoint "

@@ -23,7 +23,6 @@ class PipelineOptimizerState:
                       or any(state.get("optimizer") is not None for state in stage_files))
         self._stages, self._unread = self._open(file_names, stage_files, zero_stage) if self.saved else (None, None)
         self._at, self._tie_unread = {}, None  # name -> (its stage's reader, the stage's name for it)
-        self._groups = [s.param_groups_of() for s in self._stages or []]  # per stage: its name -> group
         self._cached = (None, None)
 
     def _open(self, file_names, stage_files, zero_stage):
@@ -91,13 +90,6 @@ class PipelineOptimizerState:
                     "the weight its layer file holds: its optimizer and layer files do not belong together")
                 return
             self._at[plain] = matching[0]
-
-    def group_of(self, name):
-        """The param group of `name` (a layer files' name) where its state is read, else None."""
-        if name not in self._at:
-            return None
-        stage, stage_name = self._at[name]
-        return self._groups[self._stages.index(stage)].get(stage_name)
 
     @property
     def state_names(self):
