@@ -106,7 +106,7 @@ def _check_optimizer(engine, run, source, layout, skip):
                  and run.placement.pipeline is None)
     saved_group = {p["name"]: p["group"] for p in layout["params"] if p.get("group") is not None}
     moved = [f"{n} (checkpoint {saved_group[n]}, this run {g})" for n, g in zip(run.names, run.groups)
-             if one_model and g is not None and n not in skip and saved_group.get(n, g) != g]
+             if g is not None and n not in skip and saved_group.get(n, g) != g] if one_model else []
     if moved:
         more = f" and {len(moved) - 8} more" if len(moved) > 8 else ""
         raise ValueError(f"load_checkpoint: parameters sit in other param groups than in the checkpoint (group "

@@ -80,16 +80,44 @@ class NativeSource:
         return out
 
 
-class DeepSpeedSource:
-    """A DeepSpeed checkpoint in zeroshard's terms. Tensors are rebuilt whole (DeepSpeed's files
-    are per rank, not per range); the last one read is kept for the ranges that follow."""
-    kind = "DeepSpeed"
+class _WholeTensorSource:
+    """What the DeepSpeed sources share: a tensor is rebuilt whole by _tensor(key) (DeepSpeed's
+    files are per rank or per layer, not per range), the last one kept for the ranges that follow."""
     masters_with_optimizer = True  # as DeepSpeed: without the optimizer state, masters from the weights
+    _cached = (None, None)
+
+    def _tensor(self, key):
+        raise NotImplementedError
+
+    def _full(self, key):
+        if self._cached[0] != key:
+            self._cached = (key, self._tensor(key))
+        return self._cached[1]
+
+    def open_all(self):  # every file was read whole when opened
+        pass
+
+    def shape(self, key):
+        return list(self._full(key).shape)
+
+    def dtype(self, key):
+        return self._full(key).dtype
+
+    def read(self, key, begin, out):
+        flat = self._full(key).reshape(-1)
+        out.view(-1).copy_(flat[begin:begin + out.numel()])
+
+    def read_whole(self, key):  # DeepSpeed's client_state holds its tensors already
+        raise KeyError(key)
+
+
+class DeepSpeedSource(_WholeTensorSource):
+    """A DeepSpeed ZeRO checkpoint in zeroshard's terms."""
+    kind = "DeepSpeed"
 
     def __init__(self, path):
         self.path = path
         self.ds = DeepSpeedCheckpoint(path)
-        self._cached = (None, None)
         self._sections = self.ds.sections()
         self._names = set()
         for n in self.ds.param_names:
@@ -102,23 +130,8 @@ class DeepSpeedSource:
     def has(self, name):
         return name in self._names
 
-    def open_all(self):  # every file was read whole when opened
-        pass
-
-    def shape(self, name):
-        return list(self._full(name).shape)
-
-    def dtype(self, name):
-        return self._full(name).dtype
-
-    def _full(self, name):
-        if self._cached[0] != name:
-            self._cached = (name, self.ds.tensor(name))
-        return self._cached[1]
-
-    def read(self, name, begin, out):
-        flat = self._full(name).reshape(-1)
-        out.view(-1).copy_(flat[begin:begin + out.numel()])
+    def _tensor(self, key):
+        return self.ds.tensor(key)
 
     def section(self, name):
         s = self._sections
@@ -142,9 +155,6 @@ class DeepSpeedSource:
         if name in ("lr_scheduler", "client_state"):
             return s[name]
         return None
-
-    def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
-        raise KeyError(name)
 
 
 def _param_groups(sections):
@@ -174,7 +184,7 @@ def _loss_scaler(scaler):
             "hysteresis_left": int(scaler.get("cur_hysteresis") or 0)}
 
 
-class DeepSpeedPipelineSource:
+class DeepSpeedPipelineSource(_WholeTensorSource):
     """A DeepSpeed PipelineEngine checkpoint in zeroshard's terms, named as the same layers are
     without a pipeline ("3.fc1.weight"; a tie by its first layer): a pipeline run reads its ties
     through checkpoint/pipeline.py's renaming, as from a checkpoint saved without one. The run tells
@@ -184,7 +194,6 @@ class DeepSpeedPipelineSource:
     state are read under ZeRO-1 (deepspeed_pipe_optim.py); the masters only with the optimizer
     state, as DeepSpeed does (a load without it makes them from the weights)."""
     kind = "DeepSpeed pipeline"
-    masters_with_optimizer = True
 
     def __init__(self, path):
         self.path = path
@@ -196,8 +205,9 @@ class DeepSpeedPipelineSource:
         DeepSpeedPipelineCheckpoint.share_ties)."""
         self.ds.share_ties(ties, keys)
         self._saved = self.ds.sections()  # the optimizer's sections once its names are known
+        self._cached = (None, None)  # names may now stand for other tensors
 
-    def _full(self, key):
+    def _tensor(self, key):
         """A stored tensor answers as a parameter and as a buffer (see DeepSpeedPipelineCheckpoint)."""
         kind, _, name = key.partition("/")
         return self.ds.tensor(name) if kind in ("param", "buffer") else self.ds.optimizer.tensor(key)
@@ -205,19 +215,6 @@ class DeepSpeedPipelineSource:
     def has(self, key):
         kind, _, name = key.partition("/")
         return self.ds.has(name) if kind in ("param", "buffer") else self.ds.optimizer.has(key)
-
-    def open_all(self):  # every file was read whole when opened
-        pass
-
-    def shape(self, key):
-        return list(self._full(key).shape)
-
-    def dtype(self, key):
-        return self._full(key).dtype
-
-    def read(self, key, begin, out):
-        flat = self._full(key).reshape(-1)
-        out.view(-1).copy_(flat[begin:begin + out.numel()])
 
     def section(self, name):
         ds, saved, optimizer = self.ds, self._saved, self.ds.optimizer
@@ -240,9 +237,6 @@ class DeepSpeedPipelineSource:
         if name in ("lr_scheduler", "client_state"):
             return saved[name]
         return None  # no pipeline section: the names are the layers' (see the class's docstring)
-
-    def read_whole(self, name):  # DeepSpeed's client_state holds its tensors already
-        raise KeyError(name)
 
 
 def is_checkpoint(path):

@@ -23,7 +23,6 @@ class PipelineOptimizerState:
                       or any(state.get("optimizer") is not None for state in stage_files))
         self._stages, self._unread = self._open(file_names, stage_files, zero_stage) if self.saved else (None, None)
         self._at, self._tie_unread = {}, None  # name -> (its stage's reader, the stage's name for it)
-        self._cached = (None, None)
 
     def _open(self, file_names, stage_files, zero_stage):
         """(a reader per stage, None) when the state can be read, else (None, why not)."""
@@ -66,7 +65,7 @@ class PipelineOptimizerState:
         each stage that uses it; its state is read from the first stage whose fp32 master rounds to
         the weight the layer files give (the stages' copies of a tie's tied_weight_attr differ by
         rounding, its other tensors may differ more)."""
-        self._at, self._tie_unread, self._cached = {}, None, (None, None)
+        self._at, self._tie_unread = {}, None
         holders = {}
         for stage in self._stages or []:
             for name in stage.param_names:
@@ -105,12 +104,10 @@ class PipelineOptimizerState:
         return kind in ("master", "optim") and rest in self._at
 
     def tensor(self, key):
-        """The full fp32 tensor of has()'s `key` (the last one asked for is kept)."""
-        if self._cached[0] != key:
-            head, rest = key.rsplit("/", 1) if key.startswith("optim/") else key.split("/", 1)
-            stage, name = self._at[rest]
-            self._cached = (key, stage.tensor(f"{head}/{name}"))
-        return self._cached[1]
+        """The full fp32 tensor of has()'s `key` (rebuilt from the stage's partitions at each call)."""
+        head, rest = key.rsplit("/", 1) if key.startswith("optim/") else key.split("/", 1)
+        stage, name = self._at[rest]
+        return stage.tensor(f"{head}/{name}")
 
     def sections(self):
         """The optimizer (type, step, param groups) and loss scaler sections of stage 0's files, or
