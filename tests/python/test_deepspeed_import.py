@@ -185,6 +185,16 @@ def pickled_under_deepspeeds_names():
             del sys.modules[added]
 
 
+def resave(path, edit):
+    """DeepSpeed file `path` rewritten with edit(state) applied, its classes pickled under DeepSpeed's
+    names (not in place: the loaded state maps the old file's pages)."""
+    with pickled_under_deepspeeds_names():
+        state = load_file(str(path))
+        edit(state)
+        torch.save(state, f"{path}.new")
+        os.replace(f"{path}.new", path)
+
+
 def test_dynamic_loss_scaler(tmp_path):
     """fp16 runs pickle a DynamicLossScaler; no fixture has one (DeepSpeed's CPU accelerator refuses
     fp16 without oneDNN fp16), so re-save a fixture with one."""
@@ -195,13 +205,9 @@ def test_dynamic_loss_scaler(tmp_path):
                   raise_error_at_min_scale=True, dynamic=True, dtype=torch.float16)
     scaler.__dict__.update(fields)
     path = copy_of("zero2_fp32", tmp_path)
-    with pickled_under_deepspeeds_names():
-        for rank in (0, 1):
-            victim = path / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
-            state = load_file(str(victim))
-            state["optimizer_state_dict"].update(loss_scaler=scaler, dynamic_loss_scale=True)
-            torch.save(state, f"{victim}.new")  # not in place: `state` maps the old file's pages
-            os.replace(f"{victim}.new", victim)
+    for rank in (0, 1):
+        resave(path / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+               lambda state: state["optimizer_state_dict"].update(loss_scaler=scaler, dynamic_loss_scale=True))
     assert "deepspeed" not in sys.modules
     section = DeepSpeedCheckpoint(str(path)).sections()["loss_scaler"]
     fields.update(scale=fields.pop("cur_scale"), dtype="float16")
@@ -241,12 +247,8 @@ def test_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_
     for damage, (victims, edit, said) in damages.items():
         for name in files:
             shutil.copy(os.path.join(FIXTURES, "zero2_fp32", "step3", name), path / name)
-        with pickled_under_deepspeeds_names():
-            for name in victims:
-                saved = load_file(str(path / name))
-                edit(saved["optimizer_state_dict"])
-                torch.save(saved, f"{path / name}.new")  # not in place: `saved` maps the old file's pages
-                os.replace(f"{path / name}.new", path / name)
+        for name in victims:
+            resave(path / name, lambda state: edit(state["optimizer_state_dict"]))
         ckpt = DeepSpeedCheckpoint(str(path))
         assert ckpt.state_problem.startswith("the optimizer state is damaged: ") and said in ckpt.state_problem, \
             (damage, ckpt.state_problem)

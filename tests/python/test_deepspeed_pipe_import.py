@@ -379,15 +379,9 @@ def test_consolidation_refuses_it_by_name():
 
 
 def _resave(path, edit):
-    """A DeepSpeed file rewritten with edit(state) applied (its classes pickled under DeepSpeed's
-    names); an optimizer file's edit gets its optimizer_state_dict."""
-    from test_deepspeed_import import pickled_under_deepspeeds_names
-    from zeroshard.checkpoint_import.deepspeed import load_file as load_ds_file
-    with pickled_under_deepspeeds_names():
-        state = load_ds_file(str(path))
-        edit(state.get("optimizer_state_dict", state))
-        torch.save(state, f"{path}.new")  # not in place: `state` maps the old file's pages
-        os.replace(f"{path}.new", path)
+    """test_deepspeed_import.resave, an optimizer file's edit getting its optimizer_state_dict."""
+    from test_deepspeed_import import resave
+    resave(path, lambda state: edit(state.get("optimizer_state_dict", state)))
 
 
 def _damaged_rank(case, load_dir):
