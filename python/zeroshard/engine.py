@@ -61,6 +61,7 @@ def _warn_unused_pipeline_keys(args, config, config_params):
 class ZeroShardEngine(torch.nn.Module):
     # initialize(training_data=...)'s loader shuffles each epoch, as DeepSpeed's engine's does.
     _shuffles_training_data = True
+    _keeps_groups_without_params = False  # engine_setup.param_groups' keep_empty
 
     def __init__(self, args=None, model=None, optimizer=None, model_parameters=None,
                  training_data=None, lr_scheduler=None, distributed_port=29500, mpu=None,
@@ -169,10 +170,9 @@ class ZeroShardEngine(torch.nn.Module):
                              "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
                              "initialize(optimizer=...)")
         groups = []
-        for hyper, params in param_groups(self.module, model_parameters, client_optimizer):
-            trainable = [p for p in params if p.requires_grad]
-            if not trainable:
-                continue
+        for hyper, params in param_groups(self.module, model_parameters, client_optimizer,
+                                          self._keeps_groups_without_params):
+            trainable = [p for p in params if p.requires_grad]  # may be none: the group stays
             if client_optimizer is not None:
                 hyper["params"] = trainable  # the client's dict itself
                 groups.append((hyper, trainable))
@@ -181,6 +181,7 @@ class ZeroShardEngine(torch.nn.Module):
         return spec, groups
 
     def _build_core(self, spec, groups):
+        groups = [(g, ps) for g, ps in groups if ps]  # the core holds the groups with parameters
         trainable_ids = {id(p) for _, ps in groups for p in ps}
         fp32_values = [[p.detach().to(torch.float32) for p in ps] for _, ps in groups]
         # Frozen parameters of a floating dtype: stage 3 partitions them too (in C++). Trainable
@@ -405,8 +406,7 @@ class ZeroShardEngine(torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         self._observer.step_begin()
         if boundary:
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self.optimizer.last_step = self._core.step(groups, self._train_batch_size)
+            self.optimizer.last_step = self._core.step(self.optimizer.held_hypers(), self._train_batch_size)
             self._after_core_step(lr_kwargs)
         self._observer.step_end(boundary)
         self._core.state.count_micro_step()

@@ -71,13 +71,21 @@ def client_optimizer_spec(opt: torch.optim.Optimizer, settings: dict) -> dict:
 class ZeroShardOptimizer(torch.optim.Optimizer):
     """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here). A
     torch.optim.Optimizer so torch and Hugging Face schedulers accept it; its param_groups hold the
-    hyperparameters the next step uses, while every buffer lives in the C++ core."""
+    hyperparameters the next step uses, while every buffer lives in the C++ core.
+
+    param_groups are the script's groups in its order, each group's "params" its trainable ones. A
+    group whose parameters are all frozen stays, with none (DeepSpeed keeps it); one passed with no
+    parameters at all is removed as DeepSpeed removes it, except in a pipeline, where it stays (a
+    stage built its groups from its own parameters), so that every stage numbers the groups alike and
+    a scheduler sees the same groups on each. The core holds only the groups with parameters
+    (`held_groups`)."""
 
     def __init__(self, core, param_groups):
         # torch's constructor would re-add the groups and build per-parameter state; the C++ core
         # owns the state, so only the attributes schedulers and scripts read are set here.
         self.core = core
         self.param_groups = param_groups
+        self.held_groups = [i for i, g in enumerate(param_groups) if g["params"]]
         self.defaults = {k: v for k, v in param_groups[0].items() if k != "params"}
         self.state = {}
         self._opt_called = False
@@ -105,6 +113,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     p.grad = None
 
+    def held_hypers(self) -> list:
+        """The hyperparameters of the groups the core holds, in its order: what a step applies."""
+        return [{k: v for k, v in self.param_groups[i].items() if k != "params"} for i in self.held_groups]
+
     def add_param_group(self, param_group):
         raise ValueError("optimizer.add_param_group: zeroshard's parameter groups are fixed at "
                          "initialize(), where their parameters are flattened and sharded; pass every "
@@ -116,9 +128,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
 
     # ----- this rank's state, as DeepSpeed's ZeRO optimizers give it -----
     def _layout(self) -> dict:
-        dtype = self.param_groups[0]["params"][0].dtype  # the model's (a chunk of it at stage 3)
+        # The model's dtype (a chunk of it at stage 3); None where this rank trains nothing.
+        dtype = next((g["params"][0].dtype for g in self.param_groups if g["params"]), None)
         return {"world_size": dist.get_world_size(), "rank": dist.get_rank(),
-                "zero_stage": self.core.strategy.stage, "precision": PRECISION_OF[dtype],
+                "zero_stage": self.core.strategy.stage, "precision": PRECISION_OF.get(dtype),
                 "optimizer": self.core.optimizer_type}
 
     def state_dict(self) -> dict:

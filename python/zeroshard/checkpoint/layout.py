@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zeroshard import _C
+from zeroshard.checkpoint.groups import EVERY_GROUP
 from zeroshard.dtypes import PRECISION_OF
 
 
@@ -66,7 +67,7 @@ class RunView:
     names: list
     shapes: list
     trainable: list
-    groups: list  # the group of each core parameter, None for frozen
+    groups: list  # the group of each core parameter (its index in optimizer.param_groups), None for frozen
     loose: list = field(default_factory=list)  # (name, Parameter)
     buffers: list = field(default_factory=list)  # (name, tensor), persistent ones
     aliases: dict = field(default_factory=dict)  # tied name -> the name it shares
@@ -166,7 +167,8 @@ def layout_section(run: RunView, exclude_frozen: bool, entries: dict) -> dict:
     """`entries`: layout_entries of the whole model (a pipeline's: every stage's, joined)."""
     return {"world_size": run.world, "zero_stage": run.stage, "dtype": run.dtype_name,
             **entries, "frozen_excluded": exclude_frozen,
-            "optimizer": {"type": run.core.optimizer_type, "state_names": list(run.core.state_names)}}
+            "optimizer": {"type": run.core.optimizer_type, "state_names": list(run.core.state_names),
+                          EVERY_GROUP: True}}
 
 
 # ----- client_state: JSON values and tensors, nothing else ---------------------------------------

@@ -16,6 +16,7 @@ import torch
 from zeroshard.observe.bars import bar
 
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
+from zeroshard.checkpoint.groups import held_steps, numbered_as_passed, saved_group_targets
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
 from zeroshard.checkpoint.pipeline import in_run_names, outside_layers, tie_groups, tie_keys
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
@@ -96,23 +97,27 @@ def _check_optimizer(engine, run, source, layout, skip):
                          f"{run.core.optimizer_type} (state {', '.join(run.core.state_names) or 'none'}); "
                          "pass load_optimizer_states=False to load the weights only")
     groups = source.section("param_groups")
-    if groups is not None and len(groups) != len(engine.optimizer.param_groups):
+    targets = saved_group_targets(engine.optimizer, source, layout)
+    if groups is not None and len(groups) != len(targets):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
-                         f"{len(engine.optimizer.param_groups)}; pass load_optimizer_states=False to load "
-                         "the weights only")
-    # Each saved group's hyper-parameters load onto the run's group of that index. Checked where both
-    # sides number the groups of one whole model: a pipeline's stages number their own groups.
+                         f"{len(targets)}; pass load_optimizer_states=False to load the weights only")
+    # Each saved group's hyper-parameters load onto the run's group it targets, so each parameter must
+    # sit in that group. Comparable where both number the same groups: as the script passed them, or
+    # (an older zeroshard checkpoint) those with parameters, of one whole model on both sides.
     one_model = (layout.get("num_stages", 1) == 1 and source.section("pipeline") is None
                  and run.placement.pipeline is None)
-    saved_group = {p["name"]: p["group"] for p in layout["params"] if p.get("group") is not None}
+    target = dict(enumerate(targets))
+    saved_group = {p["name"]: target.get(p["group"], p["group"])
+                   for p in layout["params"] if p.get("group") is not None}
+    comparable = numbered_as_passed(source, layout) or one_model
     moved = [f"{n} (checkpoint {saved_group[n]}, this run {g})" for n, g in zip(run.names, run.groups)
-             if g is not None and n not in skip and saved_group.get(n, g) != g] if one_model else []
+             if g is not None and n not in skip and saved_group.get(n, g) != g] if comparable else []
     if moved:
         more = f" and {len(moved) - 8} more" if len(moved) > 8 else ""
         raise ValueError(f"load_checkpoint: parameters sit in other param groups than in the checkpoint (group "
-                         f"positions in the optimizer's param_groups, empty groups left out): "
-                         f"{', '.join(moved[:8])}{more}; build the optimizer's groups as the saved run did, or pass "
-                         "load_optimizer_states=False to load the weights only")
+                         f"positions in the optimizer's param_groups): {', '.join(moved[:8])}{more}; build the "
+                         "optimizer's groups as the saved run did, or pass load_optimizer_states=False to load "
+                         "the weights only")
     lacking = [n for n, t in zip(run.names, run.trainable) if t and n not in skip
                and not all(source.has(tensor_name(k, n)) for k in run.core.state_names)]
     if lacking and _has_states(run, source):
@@ -171,7 +176,10 @@ def _load_weights(run, source, skip, load_states):
 def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_states):
     saved = source.section("training_state")
     current = run.core.state.state_dict()
-    if not load_optimizer_states:  # Adam's step counts belong to the moments
+    targets = saved_group_targets(engine.optimizer, source, source.section("layout"))
+    if load_optimizer_states:
+        saved = {**saved, "group_steps": held_steps(saved["group_steps"], targets, engine.optimizer)}
+    else:  # Adam's step counts belong to the moments
         saved = {**saved, "group_steps": current["group_steps"]}
     # The loss scaler carries over only from fp16 to fp16; otherwise this run's own (its initial
     # scale, or static 1) stays.
@@ -180,7 +188,8 @@ def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_st
     run.core.state.load_state_dict(saved)
     groups = decode_client_state(source.section("param_groups"))
     if load_optimizer_states and groups is not None:
-        for mine, theirs in zip(engine.optimizer.param_groups, groups):
+        for target, theirs in zip(targets, groups):
+            mine = engine.optimizer.param_groups[target]
             for key, value in theirs.items():
                 if key in mine:
                     mine[key] = tuple(value) if isinstance(mine[key], tuple) else value

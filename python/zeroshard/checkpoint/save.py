@@ -10,6 +10,7 @@ import time
 import zeroshard
 from zeroshard import _C
 from zeroshard.checkpoint.collective import broadcast_text, raise_if_failed, same_on_every_rank
+from zeroshard.checkpoint.groups import steps_as_passed
 from zeroshard.checkpoint.layout import (RunView, encode_client_state, encode_values, layout_entries,
                                          layout_section, rank_items)
 from zeroshard.checkpoint.pipeline import STAGE_LAYOUT, join_stage_layouts, split_partial
@@ -42,13 +43,20 @@ def _agreed_tag(run, tag, validation):
     return used
 
 
+def _training_state(run, optimizer):
+    """The core's training state, its group_steps one per group the script passed (groups.py)."""
+    state = run.core.state.state_dict()
+    applied = state["global_steps"] - state["skipped_steps"]
+    return {**state, "group_steps": steps_as_passed(state["group_steps"], optimizer, applied)}
+
+
 def _sections(engine, run, client_json, exclude_frozen):
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
     scheduler = engine.lr_scheduler
     sched_state = scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None
     sections = {
         "layout": layout_section(run, exclude_frozen, layout_entries(run)),
-        "training_state": run.core.state.state_dict(),
+        "training_state": _training_state(run, engine.optimizer),
         # inf (ReduceLROnPlateau's best), tuples (betas) come back as they were
         "param_groups": encode_values(groups, "optimizer.param_groups"),
         "lr_scheduler": encode_values(sched_state, "lr_scheduler.state_dict()"),

@@ -26,6 +26,10 @@ class PipelineEngine(ZeroShardEngine):
     # initialize(training_data=...) is read in order, each data-parallel rank its part, as
     # DeepSpeed's PipelineEngine reads it (a DistributedSampler without shuffling).
     _shuffles_training_data = False
+    # A script builds its param groups from its stage's parameters, so a group can be empty on one
+    # stage: it stays, so that every stage numbers the groups alike (checkpoint/groups.py; DeepSpeed
+    # removes it, and each of its stages numbers its own).
+    _keeps_groups_without_params = True
 
     def __init__(self, model=None, **kwargs):
         # Read by the overrides below, which run inside ZeroShardEngine.__init__ (a plain
@@ -334,9 +338,8 @@ class PipelineEngine(ZeroShardEngine):
             if not self.module.counts_tie(key):
                 for _, w in self.module.trained_tied_weights(key):
                     duplicate += float(w.grad.double().pow(2).sum())
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self._observer.step_begin()
-        self.optimizer.last_step = self._core.step(groups, self._train_batch_size, duplicate)
+        self.optimizer.last_step = self._core.step(self.optimizer.held_hypers(), self._train_batch_size, duplicate)
         self._after_core_step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()
