@@ -308,16 +308,22 @@ void bind_zero(py::module_& m) {
       .def("abort_backward", &ZeroOptimizer::abort_backward, py::call_guard<py::gil_scoped_release>())
       .def("abort_forward", &ZeroOptimizer::abort_forward, py::call_guard<py::gil_scoped_release>())
       .def("step",
-           [](ZeroOptimizer& o, const py::list& groups, int64_t samples, double duplicate_sum_sq) {
+           // group_numbers: each group's index in optimizer.param_groups, which errors name (the
+           // core holds only the groups with parameters; optimizer.py).
+           [](ZeroOptimizer& o, const py::list& groups, int64_t samples, double duplicate_sum_sq,
+              const std::vector<int64_t>& group_numbers) {
              const OptimizerRow& row = optimizer_row(o.optimizer().type);
              std::vector<GroupHyper> hypers;
              for (const auto& g : groups) {
-               hypers.push_back(hyper_from_dict(g.cast<py::dict>(), hypers.size(), row));
+               const size_t i = hypers.size();
+               hypers.push_back(hyper_from_dict(g.cast<py::dict>(),
+                                                i < group_numbers.size() ? size_t(group_numbers[i]) : i, row));
              }
              py::gil_scoped_release release;
              return o.step(hypers, samples, duplicate_sum_sq);
            },
-           py::arg("param_groups"), py::arg("samples"), py::arg("duplicate_sum_sq") = 0.0)
+           py::arg("param_groups"), py::arg("samples"), py::arg("duplicate_sum_sq") = 0.0,
+           py::arg("group_numbers") = std::vector<int64_t>{})
       .def("set_model_parallel", &ZeroOptimizer::set_model_parallel, py::arg("across"))
       .def("zero_grad", &ZeroOptimizer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("master", &ZeroOptimizer::master, py::arg("group"))

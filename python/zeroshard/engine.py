@@ -22,7 +22,7 @@ from zeroshard.engine_names import DEEPSPEED_ENGINE_NAMES
 from zeroshard.lr_schedules import ConfigLRScheduler
 from zeroshard.observe import Observer
 from zeroshard.observe import comms as observe_comms
-from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec
+from zeroshard.optimizer import ZeroShardOptimizer, client_optimizer_spec, held_groups
 from zeroshard.zero import hooks as zero_hooks
 from zeroshard.zero.partition_init import full_shape
 
@@ -61,7 +61,6 @@ def _warn_unused_pipeline_keys(args, config, config_params):
 class ZeroShardEngine(torch.nn.Module):
     # initialize(training_data=...)'s loader shuffles each epoch, as DeepSpeed's engine's does.
     _shuffles_training_data = True
-    _keeps_groups_without_params = False  # engine_setup.param_groups' keep_empty
 
     def __init__(self, args=None, model=None, optimizer=None, model_parameters=None,
                  training_data=None, lr_scheduler=None, distributed_port=29500, mpu=None,
@@ -99,12 +98,13 @@ class ZeroShardEngine(torch.nn.Module):
         self.module = model.to(self.device)
         self.dtype = PRECISIONS[s["precision"]]
         self._client_optimizer = None  # a torch optimizer the script built, which never steps itself
-        spec, groups = self._optimizer_spec(optimizer, model_parameters)
+        spec, groups, passed_empty = self._optimizer_spec(optimizer, model_parameters)
         self._check_setup(groups)
         self._comm = self._make_comm()
         release_at_exit(self)
+        groups, alike = self._numbered_groups(groups, passed_empty)
         self._build_core(spec, groups)
-        self.optimizer = ZeroShardOptimizer(self._core, [g for g, _ in groups])
+        self.optimizer = ZeroShardOptimizer(self._core, [g for g, _ in groups], numbered_alike=alike)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             make_dataloader(training_data, self._micro_batch_size, self.dp_world_size,
@@ -169,19 +169,24 @@ class ZeroShardEngine(torch.nn.Module):
             raise ValueError("optimizer: none given; add an \"optimizer\" block to the config "
                              "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
                              "initialize(optimizer=...)")
-        groups = []
-        for hyper, params in param_groups(self.module, model_parameters, client_optimizer,
-                                          self._keeps_groups_without_params):
+        groups, passed_empty = [], []
+        for hyper, params in param_groups(self.module, model_parameters, client_optimizer):
+            passed_empty.append(not params)
             trainable = [p for p in params if p.requires_grad]  # may be none: the group stays
             if client_optimizer is not None:
                 hyper["params"] = trainable  # the client's dict itself
                 groups.append((hyper, trainable))
             else:
                 groups.append(({**defaults, **hyper, "params": trainable}, trainable))
-        return spec, groups
+        return spec, groups, passed_empty
+
+    def _numbered_groups(self, groups, passed_empty):
+        """(optimizer.param_groups' groups, whether every rank numbers them alike): a group passed
+        with no parameters at all is removed, as DeepSpeed's engine removes it."""
+        return [g for g, empty in zip(groups, passed_empty) if not empty], True
 
     def _build_core(self, spec, groups):
-        groups = [(g, ps) for g, ps in groups if ps]  # the core holds the groups with parameters
+        groups = [groups[i] for i in held_groups([g for g, _ in groups])]
         trainable_ids = {id(p) for _, ps in groups for p in ps}
         fp32_values = [[p.detach().to(torch.float32) for p in ps] for _, ps in groups]
         # Frozen parameters of a floating dtype: stage 3 partitions them too (in C++). Trainable
@@ -406,7 +411,7 @@ class ZeroShardEngine(torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         self._observer.step_begin()
         if boundary:
-            self.optimizer.last_step = self._core.step(self.optimizer.held_hypers(), self._train_batch_size)
+            self.optimizer.apply_step(self._train_batch_size)
             self._after_core_step(lr_kwargs)
         self._observer.step_end(boundary)
         self._core.state.count_micro_step()

@@ -26,18 +26,14 @@ def check_partitioned(module, groups, stage):
                          "(requires_grad=False); pass them to the optimizer or freeze them")
 
 
-def param_groups(model, model_parameters, client_optimizer, keep_empty):
+def param_groups(model, model_parameters, client_optimizer):
     """[(group_dict_without_params, [params])] from whatever the script passed. A client
     optimizer's own group dicts are returned (not copies), so a scheduler built on it still
-    drives the lr the engine uses. A group passed with no parameters at all is left out, as
-    DeepSpeed's engine removes it, unless `keep_empty` (a pipeline's: optimizer.py says why)."""
+    drives the lr the engine uses."""
     if client_optimizer is not None:
-        groups = [(g, list(g["params"])) for g in client_optimizer.param_groups]
-    else:
-        source = model.parameters() if model_parameters is None else model_parameters
-        items = list(source)
-        if items and isinstance(items[0], dict):
-            groups = [({k: v for k, v in g.items() if k != "params"}, list(g["params"])) for g in items]
-        else:
-            groups = [({}, items)]
-    return groups if keep_empty else [(hyper, params) for hyper, params in groups if params]
+        return [(g, list(g["params"])) for g in client_optimizer.param_groups]
+    source = model.parameters() if model_parameters is None else model_parameters
+    items = list(source)
+    if items and isinstance(items[0], dict):
+        return [({k: v for k, v in g.items() if k != "params"}, list(g["params"])) for g in items]
+    return [({}, items)]

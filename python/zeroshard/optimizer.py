@@ -68,24 +68,30 @@ def client_optimizer_spec(opt: torch.optim.Optimizer, settings: dict) -> dict:
     return _CLIENT_TYPES[name](opt)
 
 
+def held_groups(param_groups) -> list:
+    """The groups the C++ core holds, as indices into param_groups: those with parameters to train."""
+    return [i for i, g in enumerate(param_groups) if g["params"]]
+
+
 class ZeroShardOptimizer(torch.optim.Optimizer):
     """What `initialize` returns as its optimizer (DeepSpeed returns its ZeRO optimizer here). A
     torch.optim.Optimizer so torch and Hugging Face schedulers accept it; its param_groups hold the
     hyperparameters the next step uses, while every buffer lives in the C++ core.
 
     param_groups are the script's groups in its order, each group's "params" its trainable ones. A
-    group whose parameters are all frozen stays, with none (DeepSpeed keeps it); one passed with no
-    parameters at all is removed as DeepSpeed removes it, except in a pipeline, where it stays (a
-    stage built its groups from its own parameters), so that every stage numbers the groups alike and
-    a scheduler sees the same groups on each. The core holds only the groups with parameters
-    (`held_groups`)."""
+    group whose parameters are all frozen stays, with none (DeepSpeed's engine keeps it too); one
+    passed with no parameters at all is removed (as DeepSpeed's engine removes it), except in a
+    pipeline where some stage passed parameters in it (pipe/engine.py), so that every stage numbers
+    the groups alike (`numbered_alike`) and a scheduler sees the same groups on each. The core holds
+    only the groups with parameters (`held_groups`)."""
 
-    def __init__(self, core, param_groups):
+    def __init__(self, core, param_groups, numbered_alike=True):
         # torch's constructor would re-add the groups and build per-parameter state; the C++ core
         # owns the state, so only the attributes schedulers and scripts read are set here.
         self.core = core
         self.param_groups = param_groups
-        self.held_groups = [i for i, g in enumerate(param_groups) if g["params"]]
+        self.held_groups = held_groups(param_groups)
+        self.numbered_alike = numbered_alike
         self.defaults = {k: v for k, v in param_groups[0].items() if k != "params"}
         self.state = {}
         self._opt_called = False
@@ -113,9 +119,12 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     p.grad = None
 
-    def held_hypers(self) -> list:
-        """The hyperparameters of the groups the core holds, in its order: what a step applies."""
-        return [{k: v for k, v in self.param_groups[i].items() if k != "params"} for i in self.held_groups]
+    def apply_step(self, samples: int, duplicate_sum_sq: float = 0.0):
+        """The core's step with the hyperparameters of the groups it holds (the engine's step at the
+        accumulation boundary; `duplicate_sum_sq`: see pipe/engine.py); sets and returns last_step."""
+        hypers = [{k: v for k, v in self.param_groups[i].items() if k != "params"} for i in self.held_groups]
+        self.last_step = self.core.step(hypers, samples, duplicate_sum_sq, group_numbers=self.held_groups)
+        return self.last_step
 
     def add_param_group(self, param_group):
         raise ValueError("optimizer.add_param_group: zeroshard's parameter groups are fixed at "
@@ -128,10 +137,9 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
 
     # ----- this rank's state, as DeepSpeed's ZeRO optimizers give it -----
     def _layout(self) -> dict:
-        # The model's dtype (a chunk of it at stage 3); None where this rank trains nothing.
-        dtype = next((g["params"][0].dtype for g in self.param_groups if g["params"]), None)
+        dtype = self.param_groups[self.held_groups[0]]["params"][0].dtype  # the model's (a chunk at stage 3)
         return {"world_size": dist.get_world_size(), "rank": dist.get_rank(),
-                "zero_stage": self.core.strategy.stage, "precision": PRECISION_OF.get(dtype),
+                "zero_stage": self.core.strategy.stage, "precision": PRECISION_OF[dtype],
                 "optimizer": self.core.optimizer_type}
 
     def state_dict(self) -> dict:

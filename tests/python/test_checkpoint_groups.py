@@ -4,10 +4,13 @@ stage can hold none of a group's parameters (embedding and head groups), and a g
 frozen (a LoRA-style no_decay group).
 
 - A 2-stage pipeline whose stages hold groups [embedding, blocks] and [blocks, head] (the same count
-  on each, so numbering each stage's own groups would give stage 1's blocks the embedding's lr): it
-  resumes bit for bit, every group's lr and the client LambdaLR where they were, and the checkpoint
-  loads into the same layers without a pipeline and goes on as the pipeline did.
-- A 3-stage pipeline whose middle stage holds one of the two groups resumes in its own layout.
+  on each, so numbering each stage's own groups would give stage 1's blocks the embedding's lr), and
+  a fourth group empty on every stage (removed, as without a pipeline): it resumes bit for bit,
+  every group's lr and the client LambdaLR where they were, and the checkpoint loads into the same
+  layers without a pipeline and goes on as the pipeline did.
+- A 3-stage pipeline whose middle stage holds one of the groups resumes in its own layout; where the
+  script passes each stage only its non-empty groups (so the stages pass different numbers), a
+  warning says so at start, and its checkpoint loads the weights but refuses the optimizer state.
 - An all-frozen group stays in engine.optimizer.param_groups, its lr scheduled, and one with no
   parameters at all is removed, both as in DeepSpeed; a checkpoint of it resumes, and so does one
   written before groups were numbered so (the frozen group left out)."""
@@ -22,11 +25,14 @@ MICRO, GAS, STEPS, SAVE_AT = 2, 2, 4, 2
 LRS = (1e-3, 1e-2, 3e-3)  # embedding, blocks, head
 
 
-def _groups(named):
-    """Layer 0 (the embedding), layers 1-4 (the blocks), layers 5-6 (final norm and head)."""
+def _groups(named, filtered=False):
+    """Layer 0 (the embedding), layers 1-4 (the blocks), layers 5-6 (final norm and head), and one
+    with no parameters (Hugging Face's no_decay group when every trainable tensor decays);
+    `filtered`: only the groups with parameters on this stage, as some scripts pass them."""
     which = [0 if n.startswith("0.") else 1 if int(n.split(".", 1)[0]) <= 4 else 2 for n, _ in named]
-    return [{"params": [p for (_, p), w in zip(named, which) if w == g], "lr": lr,
-             "weight_decay": 0.1 * g} for g, lr in enumerate(LRS)]
+    groups = [{"params": [p for (_, p), w in zip(named, which) if w == g], "lr": lr,
+               "weight_decay": 0.1 * g} for g, lr in enumerate(LRS)] + [{"params": [], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]] if filtered else groups
 
 
 def _config(micro, gas):
@@ -40,15 +46,15 @@ def _schedule(optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + step))
 
 
-def _pipeline(stages, seed):
+def _pipeline(stages, seed, filtered=False):
     import zeroshard
     from pipe_models import layer_specs, loss_fn
     from zeroshard.pipe import PipelineModule
     net = PipelineModule(layers=layer_specs(4, tied=False), num_stages=stages, loss_fn=loss_fn,
                          seed_layers=True, base_seed=seed, partition_method="uniform")
     engine, optimizer, _, scheduler = zeroshard.initialize(
-        model=net, config=_config(MICRO, GAS), model_parameters=_groups(list(net.named_parameters())),
-        lr_scheduler=_schedule)
+        model=net, config=_config(MICRO, GAS), lr_scheduler=_schedule,
+        model_parameters=_groups(list(net.named_parameters()), filtered))
     return engine, scheduler
 
 
@@ -57,12 +63,20 @@ def _held(engine):
     return [len(g["params"]) for g in engine.optimizer.param_groups]
 
 
-def pipeline_worker(root, stages, mode):
+def pipeline_worker(root, stages, mode, filtered=False):
     """mode "save": STEPS steps, saved after SAVE_AT; "resume": a fresh engine (other weights)
-    loads and runs the rest."""
+    loads and runs the rest; "refused": the load's error, then the weights alone."""
     from pipe_models import batches, rank_micro_batches
     data = batches(STEPS, MICRO, GAS, 1, seed=3)
-    engine, scheduler = _pipeline(stages, seed=1234 if mode == "save" else 99)
+    engine, scheduler = _pipeline(stages, 1234 if mode == "save" else 99, filtered)
+    if mode == "refused":
+        try:
+            engine.load_checkpoint(root, tag="g")
+            return None
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            error = str(e)
+        engine.load_checkpoint(root, tag="g", load_optimizer_states=False)
+        return {"error": error, "steps": engine.global_steps}
     out = {"held": _held(engine), "losses": []}
     if mode == "save":
         for step in range(STEPS):
@@ -111,6 +125,7 @@ def two_stages(tmp_path_factory):
 def test_stages_holding_different_groups_resume_exactly(two_stages):
     _, saved, resumed = two_stages
     assert [r["held"] for r in saved] == [[1, 18, 0], [0, 6, 3]], "the layout this test is about"
+    assert [r["held"] for r in resumed] == [[1, 18, 0], [0, 6, 3]]
     for rank, (s, r) in enumerate(zip(saved, resumed)):
         assert r["lr_at_save"] == s["lr_at_save"], f"rank {rank}: each group's lr as saved"
         assert r["scheduler_step"] == SAVE_AT, f"rank {rank}: the LambdaLR's step"
@@ -138,10 +153,10 @@ def test_a_stage_holding_one_of_two_groups_resumes_in_its_own_layout(tmp_path):
 
 
 def frozen_group_worker(root, mode):
-    """A client AdamW and a StepLR over three groups: the trainable layers, the frozen LayerNorm (a
-    group that stays, with nothing to train, as in DeepSpeed), and one with no parameters at all
-    (which DeepSpeed's engine removes), as Hugging Face's Trainer passes its no_decay group when
-    every trainable tensor decays (LoRA)."""
+    """A client AdamW and a LambdaLR (as Hugging Face's schedulers are) over three groups: the frozen
+    LayerNorm (a group that stays, with nothing to train, as DeepSpeed's engine keeps it), the
+    trainable layers, and one with no parameters at all (which DeepSpeed's engine removes), as Hugging
+    Face's Trainer passes its no_decay group when every trainable tensor decays (LoRA)."""
     import torch
     import zeroshard
     torch.manual_seed(0)
@@ -155,12 +170,12 @@ def frozen_group_worker(root, mode):
     decay = [p for n, p in model.named_parameters() if n in decay_names]
     frozen = [p for n, p in model.named_parameters() if n.startswith("1.")]
     no_decay = [p for n, p in model.named_parameters() if n not in decay_names and p.requires_grad]
-    client = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                {"params": frozen, "weight_decay": 0.0, "lr": 5e-3},
+    client = torch.optim.AdamW([{"params": frozen, "weight_decay": 0.0, "lr": 5e-3},
+                                {"params": decay, "weight_decay": 0.1},
                                 {"params": no_decay, "weight_decay": 0.0}], lr=1e-2)
     engine, optimizer, _, scheduler = zeroshard.initialize(
         model=model, optimizer=client, config={"train_batch_size": 4, "zero_optimization": {"stage": 2}},
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step))
     g = torch.Generator().manual_seed(4)
     data = [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(4)]
     out = {"groups": [len(gr["params"]) for gr in optimizer.param_groups], "client_groups": len(client.param_groups),
@@ -182,29 +197,71 @@ def frozen_group_worker(root, mode):
 
 
 def _as_before_groups_were_numbered_as_passed(root):
-    """Rewrites the checkpoint as the code before this one wrote it: without the marker, the empty
-    group left out of param_groups and group_steps, parameters numbered among the groups left."""
+    """Rewrites the checkpoint as the code before this one wrote it: without the marker, the frozen
+    group (the first) left out of param_groups, group_steps and the scheduler's per-group lists, and
+    the parameters numbered among the groups left."""
     with open(os.path.join(root, "latest")) as f:
         path = os.path.join(root, f.read().strip(), "manifest.json")
     with open(path) as f:
         manifest = json.load(f)
     sections = manifest["sections"]
     assert sections["layout"]["optimizer"].pop("every_param_group") is True
-    sections["param_groups"] = sections["param_groups"][:1]
-    sections["training_state"]["group_steps"] = sections["training_state"]["group_steps"][:1]
+    sections["param_groups"] = sections["param_groups"][1:]
+    sections["training_state"]["group_steps"] = sections["training_state"]["group_steps"][1:]
+    for p in sections["layout"]["params"]:
+        p["group"] = None if p["group"] is None else p["group"] - 1
+    for key, value in sections["lr_scheduler"].items():
+        if isinstance(value, list) and len(value) == 2:
+            sections["lr_scheduler"][key] = value[1:]
     with open(path, "w") as f:
         json.dump(manifest, f)
 
 
 def test_an_all_frozen_group_stays_and_resumes(tmp_path):
     saved = run_distributed(frozen_group_worker, 1, str(tmp_path), "save")[0]
-    assert saved["groups"] == [4, 0] and saved["client_groups"] == 3
-    assert saved["lr_at_save"] == [1e-2 / 4, 5e-3 / 4], "the scheduler drives both groups"
+    assert saved["groups"] == [0, 4] and saved["client_groups"] == 3
+    assert saved["lr_at_save"] == [5e-3 / 4, 1e-2 / 4], "the scheduler drives both groups"
     loaded = run_distributed(frozen_group_worker, 1, str(tmp_path), "load")[0]
     assert loaded["lr_at_load"] == saved["lr_at_save"]
     assert loaded["losses"] == saved["losses"][2:]
     assert loaded["lr_at_end"] == saved["lr_at_end"]
     _as_before_groups_were_numbered_as_passed(str(tmp_path))
     older = run_distributed(frozen_group_worker, 1, str(tmp_path), "load")[0]
-    assert older["lr_at_load"][0] == saved["lr_at_save"][0]
+    assert older["lr_at_load"][1] == saved["lr_at_save"][1]
     assert older["losses"] == saved["losses"][2:]
+    assert older["lr_at_end"][1] == saved["lr_at_end"][1]
+
+
+def test_stages_passing_different_numbers_of_groups_load_the_weights_only(tmp_path, capfd):
+    """Each stage passed only its own non-empty groups: 2, 1 and 1 of them."""
+    saved = run_distributed(pipeline_worker, 3, str(tmp_path), 3, "save", True, timeout=240)
+    assert [r["held"] for r in saved] == [[1, 12], [12], [3]]
+    assert "the pipeline's stages passed between 1 and 2 param groups" in capfd.readouterr().out
+    refused = run_distributed(pipeline_worker, 3, str(tmp_path), 3, "refused", True, timeout=240)
+    for r in refused:
+        assert "stages passed different numbers of param groups" in r["error"], r["error"]
+        assert "load_optimizer_states=False" in r["error"]
+        assert r["steps"] == SAVE_AT
+
+
+def bad_group_worker():
+    """A frozen group listed first, then one whose lr is not a number: the error names the second."""
+    import torch
+    import zeroshard
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    engine, _, _, _ = zeroshard.initialize(model=model, config={
+        "train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}},
+        model_parameters=[{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": "fast"}])
+    loss = engine(torch.ones(2, 4)).sum()
+    engine.backward(loss)
+    try:
+        engine.step()
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return str(e)
+    return None
+
+
+def test_a_bad_hyperparameter_is_named_by_its_listed_group():
+    error = run_distributed(bad_group_worker, 1)[0]
+    assert error is not None and 'optimizer.param_groups[1]["lr"]' in error, error

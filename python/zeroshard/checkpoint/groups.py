@@ -1,35 +1,38 @@
 """How a checkpoint numbers the optimizer's parameter groups, and how its groups meet the run's.
 
-A checkpoint saved now numbers the groups as optimizer.param_groups lists them (optimizer.py: also a
-group with nothing to train on the saving rank, all frozen or, in a pipeline, on other stages), in
-its "param_groups" section, the layout's per-parameter "group" and the training state's
-"group_steps"; the layout's optimizer entry says so (EVERY_GROUP). So do DeepSpeed's checkpoints
-(their optimizers' param_groups, which keep an all-frozen group too). An older zeroshard checkpoint
-counted only the groups with trainable parameters, each pipeline stage its own.
+A checkpoint saved now numbers the groups as optimizer.param_groups lists them (optimizer.py: also
+a group with nothing to train on the saving rank, all frozen or, in a pipeline, on other stages),
+in its "param_groups" section, the layout's per-parameter "group" and the training state's
+"group_steps"; the layout's optimizer entry says so (EVERY_GROUP true). So do DeepSpeed's
+checkpoints (their engines' param_groups). EVERY_GROUP false: a pipeline whose stages passed
+different numbers of groups, each stage numbering its own, saved stage 0's; the other stages'
+groups are not in it. Without the entry (an older zeroshard checkpoint) the groups counted are
+those with trainable parameters, each pipeline stage its own.
 
 The C++ core holds only the groups with parameters (optimizer.held_groups): its training state's
 group_steps are one per held group, which is what save and load convert from and to."""
 
-EVERY_GROUP = "every_param_group"  # the layout's optimizer entry: groups numbered as passed
+EVERY_GROUP = "every_param_group"  # the layout's optimizer entry: groups numbered as listed
 
 
 def numbered_as_passed(source, layout) -> bool:
-    return source.kind != "zeroshard" or bool(layout["optimizer"].get(EVERY_GROUP))
+    return source.kind != "zeroshard" or layout["optimizer"].get(EVERY_GROUP) is True
 
 
-def saved_group_targets(optimizer, source, layout) -> list:
-    """The run's group (an index into optimizer.param_groups) of each saved group, in saved order."""
+def saved_group_targets(optimizer, source, layout):
+    """The run's group (an index into optimizer.param_groups) of each saved group, in saved order;
+    None where the checkpoint cannot say (EVERY_GROUP false)."""
     if numbered_as_passed(source, layout):
         return list(range(len(optimizer.param_groups)))
+    if layout["optimizer"].get(EVERY_GROUP) is False:
+        return None
     return list(optimizer.held_groups)
 
 
-def steps_as_passed(group_steps, optimizer, applied_steps: int) -> list:
-    """The core's group_steps (one per held group) as one per group the script passed. A group this
-    rank does not hold gets the step count of those it holds (every group steps together), or the
-    applied steps (global minus skipped) where it holds none."""
-    common = max(group_steps, default=applied_steps)
-    out = [common] * len(optimizer.param_groups)
+def steps_as_passed(group_steps, optimizer) -> list:
+    """The core's group_steps (one per held group; it holds one at least) as one per listed group. A
+    group this rank does not hold gets the count of those it holds: every group steps together."""
+    out = [max(group_steps)] * len(optimizer.param_groups)
     for held, steps in zip(optimizer.held_groups, group_steps):
         out[held] = steps
     return out
@@ -40,3 +43,20 @@ def held_steps(saved_steps, targets, optimizer) -> list:
     core's, one per held group."""
     position = {target: i for i, target in enumerate(targets)}
     return [saved_steps[position[held]] for held in optimizer.held_groups]
+
+
+def scheduler_state_for_run(saved, scheduler, targets, count):
+    """An LR scheduler's state_dict saved with fewer groups than the run's `count` (an older
+    checkpoint: `targets` says which run groups its groups are): each per-group list (base_lrs,
+    _last_lr, ...) gets the saved values at the targets and `scheduler`'s own elsewhere."""
+    if targets is None or len(targets) == count or not hasattr(scheduler, "state_dict"):
+        return saved
+    current, out = scheduler.state_dict(), dict(saved)
+    for key, value in saved.items():
+        mine = current.get(key)
+        if isinstance(value, list) and len(value) == len(targets) and isinstance(mine, list) and len(mine) == count:
+            merged = list(mine)
+            for target, v in zip(targets, value):
+                merged[target] = v
+            out[key] = merged
+    return out

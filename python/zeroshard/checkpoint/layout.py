@@ -72,6 +72,7 @@ class RunView:
     buffers: list = field(default_factory=list)  # (name, tensor), persistent ones
     aliases: dict = field(default_factory=dict)  # tied name -> the name it shares
     placement: Placement = None
+    groups_alike: bool = True  # every rank numbers the param groups alike (optimizer.numbered_alike)
 
     @property
     def comm(self):
@@ -110,7 +111,8 @@ class RunView:
                    world=engine.world_size, core=core, module=engine.module, dtype=engine.dtype,
                    names=[names[id(p)] for p in held], shapes=shapes,
                    trainable=[p.requires_grad for p in held], groups=[group_of.get(id(p)) for p in held],
-                   loose=loose, buffers=buffers, aliases=aliases, placement=placement)
+                   loose=loose, buffers=buffers, aliases=aliases, placement=placement,
+                   groups_alike=engine.optimizer.numbered_alike)
 
 
 def my_part(numel: int, rank: int, world: int):
@@ -168,7 +170,7 @@ def layout_section(run: RunView, exclude_frozen: bool, entries: dict) -> dict:
     return {"world_size": run.world, "zero_stage": run.stage, "dtype": run.dtype_name,
             **entries, "frozen_excluded": exclude_frozen,
             "optimizer": {"type": run.core.optimizer_type, "state_names": list(run.core.state_names),
-                          EVERY_GROUP: True}}
+                          EVERY_GROUP: run.groups_alike}}
 
 
 # ----- client_state: JSON values and tensors, nothing else ---------------------------------------

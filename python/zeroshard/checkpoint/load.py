@@ -16,7 +16,8 @@ import torch
 from zeroshard.observe.bars import bar
 
 from zeroshard.checkpoint.collective import broadcast_text, held_anywhere, raise_if_failed
-from zeroshard.checkpoint.groups import held_steps, numbered_as_passed, saved_group_targets
+from zeroshard.checkpoint.groups import (held_steps, numbered_as_passed, saved_group_targets,
+                                         scheduler_state_for_run)
 from zeroshard.checkpoint.layout import RunView, buffer_key, decode_client_state, tensor_name
 from zeroshard.checkpoint.pipeline import in_run_names, outside_layers, tie_groups, tie_keys
 from zeroshard.checkpoint.sources import find_checkpoint, open_source
@@ -98,6 +99,11 @@ def _check_optimizer(engine, run, source, layout, skip):
                          "pass load_optimizer_states=False to load the weights only")
     groups = source.section("param_groups")
     targets = saved_group_targets(engine.optimizer, source, layout)
+    if targets is None:
+        raise ValueError("load_checkpoint: the checkpoint was saved by a pipeline whose stages passed different "
+                         "numbers of param groups, each stage numbering its own, and holds stage 0's only, so it "
+                         "cannot say which group a later stage's parameters were in; pass "
+                         "load_optimizer_states=False to load the weights only")
     if groups is not None and len(groups) != len(targets):
         raise ValueError(f"load_checkpoint: the checkpoint has {len(groups)} parameter groups, this run "
                          f"{len(targets)}; pass load_optimizer_states=False to load the weights only")
@@ -173,17 +179,17 @@ def _load_weights(run, source, skip, load_states):
                 source.read(buffer_key(name), 0, b)
 
 
-def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_states):
+def _load_state(engine, run, source, layout, load_optimizer_states, load_lr_scheduler_states):
     saved = source.section("training_state")
     current = run.core.state.state_dict()
-    targets = saved_group_targets(engine.optimizer, source, source.section("layout"))
+    targets = saved_group_targets(engine.optimizer, source, layout)
     if load_optimizer_states:
         saved = {**saved, "group_steps": held_steps(saved["group_steps"], targets, engine.optimizer)}
     else:  # Adam's step counts belong to the moments
         saved = {**saved, "group_steps": current["group_steps"]}
     # The loss scaler carries over only from fp16 to fp16; otherwise this run's own (its initial
     # scale, or static 1) stays.
-    if not (load_optimizer_states and source.section("layout")["dtype"] == "fp16" == run.dtype_name):
+    if not (load_optimizer_states and layout["dtype"] == "fp16" == run.dtype_name):
         saved = {**saved, "loss_scaler": current["loss_scaler"]}
     run.core.state.load_state_dict(saved)
     groups = decode_client_state(source.section("param_groups"))
@@ -196,6 +202,7 @@ def _load_state(engine, run, source, load_optimizer_states, load_lr_scheduler_st
     sched = decode_client_state(source.section("lr_scheduler"))
     if load_lr_scheduler_states and engine.lr_scheduler is not None and sched is not None:
         try:
+            sched = scheduler_state_for_run(sched, engine.lr_scheduler, targets, len(engine.optimizer.param_groups))
             engine.lr_scheduler.load_state_dict(sched)
         except Exception as e:  # noqa: BLE001 - named, with the way out
             raise ValueError(f"load_checkpoint: the checkpoint's LR scheduler state does not fit this run's "
@@ -264,7 +271,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     try:
         _load_weights(run, source, skip, states)
         if not load_module_only:
-            _load_state(engine, run, source, states, load_lr_scheduler_states)
+            _load_state(engine, run, source, layout, states, load_lr_scheduler_states)
         client = decode_client_state(source.section("client_state") or {}, source.read_whole)
     except Exception as e:  # noqa: BLE001
         error = e

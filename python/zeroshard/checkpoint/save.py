@@ -46,8 +46,7 @@ def _agreed_tag(run, tag, validation):
 def _training_state(run, optimizer):
     """The core's training state, its group_steps one per group the script passed (groups.py)."""
     state = run.core.state.state_dict()
-    applied = state["global_steps"] - state["skipped_steps"]
-    return {**state, "group_steps": steps_as_passed(state["group_steps"], optimizer, applied)}
+    return {**state, "group_steps": steps_as_passed(state["group_steps"], optimizer)}
 
 
 def _sections(engine, run, client_json, exclude_frozen):

@@ -26,19 +26,12 @@ class PipelineEngine(ZeroShardEngine):
     # initialize(training_data=...) is read in order, each data-parallel rank its part, as
     # DeepSpeed's PipelineEngine reads it (a DistributedSampler without shuffling).
     _shuffles_training_data = False
-    # A script builds its param groups from its stage's parameters, so a group can be empty on one
-    # stage: it stays, so that every stage numbers the groups alike (checkpoint/groups.py; DeepSpeed
-    # removes it, and each of its stages numbers its own).
-    _keeps_groups_without_params = True
 
     def __init__(self, model=None, **kwargs):
         # Read by the overrides below, which run inside ZeroShardEngine.__init__ (a plain
         # attribute: the module itself cannot be set before nn.Module's own __init__).
         self._grid = model.mpu()
         super().__init__(model=model, **kwargs)  # builds the schedule in _check_setup
-        # Point-to-point goes over the world (global ranks), whose communicator has the store:
-        # a stage's failure is published there and named in every rank's error.
-        self._world_comm = new_comm()
         self._links = StageLinks(self._world_comm, self.device, dynamic_shape=self.module.dynamic_shape)
         # The gradient norm (clipping, fp16 overflow) covers every stage.
         self._pipe_comm = new_comm(self._grid.get_pipe_parallel_group()) if self.module.num_stages > 1 else None
@@ -95,11 +88,35 @@ class PipelineEngine(ZeroShardEngine):
         return self._grid.get_data_parallel_rank()
 
     def _make_comm(self):
+        # Point-to-point goes over the world (global ranks), whose communicator has the store:
+        # a stage's failure is published there and named in every rank's error. Made first:
+        # _numbered_groups uses it before the core is built.
+        self._world_comm = new_comm()
         # One stage: the data axis is the world, whose communicator has the store (errors name
         # every rank); a subgroup's cannot share it (its ranks' keys would collide).
         if self._grid.get_pipe_parallel_world_size() == 1:
             return new_comm()
         return new_comm(self._grid.get_data_parallel_group())
+
+    def _numbered_groups(self, groups, passed_empty):
+        """A script builds its groups from its stage's parameters, so a group can be empty on one
+        stage: it stays wherever some stage passed parameters in it, so that every stage numbers the
+        groups alike (checkpoint/groups.py; DeepSpeed's stages each number their own). Stages that
+        passed different numbers of groups cannot be lined up: each numbers its own, and a checkpoint
+        of the run then loads its weights but not its optimizer state (load.py says so)."""
+        comm, n = self._world_comm, float(len(groups))
+        counts = torch.tensor([n, -n], dtype=torch.float64, device=self.device)
+        comm.all_reduce_max(counts, "initialize: how many param groups each stage passed")
+        if float(counts[0]) != -float(counts[1]):
+            log_rank0(f"warning: the pipeline's stages passed between {-float(counts[1]):.0f} and "
+                      f"{float(counts[0]):.0f} param groups, so each stage numbers its own: a checkpoint of "
+                      "this run loads its weights but not its optimizer state; pass the same list of groups "
+                      "on every stage (a group may hold no parameters on a stage) to resume both",
+                      self.global_rank)
+            return super()._numbered_groups(groups, passed_empty)[0], False
+        passed = comm.all_reduce_values([0.0 if e else 1.0 for e in passed_empty], str(self.device),
+                                        "initialize: the param groups some stage passed parameters in")
+        return [g for g, somewhere in zip(groups, passed) if somewhere], True
 
     def _check_setup(self, groups):
         """The pipeline block and the schedule's own rules, checked (and the schedule built)
@@ -339,7 +356,7 @@ class PipelineEngine(ZeroShardEngine):
                 for _, w in self.module.trained_tied_weights(key):
                     duplicate += float(w.grad.double().pow(2).sum())
         self._observer.step_begin()
-        self.optimizer.last_step = self._core.step(self.optimizer.held_hypers(), self._train_batch_size, duplicate)
+        self.optimizer.apply_step(self._train_batch_size, duplicate)
         self._after_core_step()
         for _ in range(self._gas):
             self._core.state.count_micro_step()
