@@ -120,8 +120,8 @@ class ZeroShardEngine(torch.nn.Module):
                   f"{self._core.num_params} trainable tensors in {self._core.num_buckets} gradient "
                   f"bucket(s); model state per rank: {self._core.memory.summary()}", self.global_rank)
         if self._core.swap_backend:
-            what = " and ".join(w for w, k in (("optimizer state", "offload_optimizer"), ("parameters", "offload_param"))
-                                if s[k] == "nvme")
+            kinds = (("optimizer state", "offload_optimizer"), ("parameters", "offload_param"))
+            what = " and ".join(w for w, k in kinds if s[k] == "nvme")
             log_rank0(f"NVMe {what}: I/O through {self._core.swap_backend}", self.global_rank)
 
     # ----- set-up -----
@@ -169,16 +169,7 @@ class ZeroShardEngine(torch.nn.Module):
             raise ValueError("optimizer: none given; add an \"optimizer\" block to the config "
                              "(e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}) or pass "
                              "initialize(optimizer=...)")
-        groups, passed_empty = [], []
-        for hyper, params in param_groups(self.module, model_parameters, client_optimizer):
-            passed_empty.append(not params)
-            trainable = [p for p in params if p.requires_grad]  # may be none: the group stays
-            if client_optimizer is not None:
-                hyper["params"] = trainable  # the client's dict itself
-                groups.append((hyper, trainable))
-            else:
-                groups.append(({**defaults, **hyper, "params": trainable}, trainable))
-        return spec, groups, passed_empty
+        return (spec, *param_groups(self.module, model_parameters, client_optimizer, defaults))
 
     def _numbered_groups(self, groups, passed_empty):
         """(optimizer.param_groups' groups, whether every rank numbers them alike): a group passed

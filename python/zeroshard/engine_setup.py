@@ -26,7 +26,7 @@ def check_partitioned(module, groups, stage):
                          "(requires_grad=False); pass them to the optimizer or freeze them")
 
 
-def param_groups(model, model_parameters, client_optimizer):
+def _passed_groups(model, model_parameters, client_optimizer):
     """[(group_dict_without_params, [params])] from whatever the script passed. A client
     optimizer's own group dicts are returned (not copies), so a scheduler built on it still
     drives the lr the engine uses."""
@@ -37,3 +37,19 @@ def param_groups(model, model_parameters, client_optimizer):
     if items and isinstance(items[0], dict):
         return [({k: v for k, v in g.items() if k != "params"}, list(g["params"])) for g in items]
     return [({}, items)]
+
+
+def param_groups(model, model_parameters, client_optimizer, defaults):
+    """([(group dict, [trainable params])], [whether the script passed the group no parameters]): the
+    optimizer's groups, each dict's "params" its trainable ones (none for an all-frozen group, which
+    stays); a client optimizer's dicts themselves, otherwise `defaults` under the script's keys."""
+    groups, passed_empty = [], []
+    for hyper, params in _passed_groups(model, model_parameters, client_optimizer):
+        passed_empty.append(not params)
+        trainable = [p for p in params if p.requires_grad]
+        if client_optimizer is not None:
+            hyper["params"] = trainable  # the client's dict itself
+            groups.append((hyper, trainable))
+        else:
+            groups.append(({**defaults, **hyper, "params": trainable}, trainable))
+    return groups, passed_empty

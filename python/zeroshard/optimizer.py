@@ -1,5 +1,8 @@
 """The optimizer object initialize() returns: torch-style param_groups (lr, betas, ... that users and
 schedulers edit) in front of the C++ ZeroOptimizer, which owns every buffer and runs the step."""
+import json
+import zlib
+
 import torch
 import torch.distributed as dist
 
@@ -71,6 +74,15 @@ def client_optimizer_spec(opt: torch.optim.Optimizer, settings: dict) -> dict:
 def held_groups(param_groups) -> list:
     """The groups the C++ core holds, as indices into param_groups: those with parameters to train."""
     return [i for i, g in enumerate(param_groups) if g["params"]]
+
+
+def group_fingerprint(group) -> float:
+    """A param group's hyper-parameters as one number (CRC32 of their sorted JSON; a value JSON cannot
+    hold by its type's name, as its repr may hold an address), which ranks compare to see whether
+    they passed the same group at one place."""
+    hyper = {k: v for k, v in group.items() if k != "params"}
+    text = json.dumps(hyper, sort_keys=True, default=lambda v: type(v).__name__)
+    return float(zlib.crc32(text.encode()))
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):

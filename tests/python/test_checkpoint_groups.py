@@ -76,14 +76,16 @@ def pipeline_worker(root, stages, mode, filtered=False):
         except Exception as e:  # noqa: BLE001 - the test reads it
             error = str(e)
         engine.load_checkpoint(root, tag="g", load_optimizer_states=False)
-        return {"error": error, "steps": engine.global_steps}
-    out = {"held": _held(engine), "losses": []}
+        engine.train_batch(rank_micro_batches([data[SAVE_AT]], MICRO, GAS, 0))  # the scheduler steps
+        return {"error": error, "steps": engine.global_steps, "lr": engine.get_lr()}
+    out = {"held": _held(engine), "losses": [], "lrs": []}
     if mode == "save":
         for step in range(STEPS):
             if step == SAVE_AT:
                 engine.save_checkpoint(root, tag="g")
                 out["lr_at_save"] = engine.get_lr()
             out["losses"].append(float(engine.train_batch(rank_micro_batches([data[step]], MICRO, GAS, 0))))
+            out["lrs"].append(engine.get_lr())
     else:
         engine.load_checkpoint(root, tag="g")
         out["lr_at_save"] = engine.get_lr()
@@ -232,16 +234,20 @@ def test_an_all_frozen_group_stays_and_resumes(tmp_path):
     assert older["lr_at_end"][1] == saved["lr_at_end"][1]
 
 
-def test_stages_passing_different_numbers_of_groups_load_the_weights_only(tmp_path, capfd):
-    """Each stage passed only its own non-empty groups: 2, 1 and 1 of them."""
-    saved = run_distributed(pipeline_worker, 3, str(tmp_path), 3, "save", True, timeout=240)
-    assert [r["held"] for r in saved] == [[1, 12], [12], [3]]
-    assert "the pipeline's stages passed between 1 and 2 param groups" in capfd.readouterr().out
-    refused = run_distributed(pipeline_worker, 3, str(tmp_path), 3, "refused", True, timeout=240)
-    for r in refused:
-        assert "stages passed different numbers of param groups" in r["error"], r["error"]
+@pytest.mark.parametrize("stages, held", [(3, [[1, 12], [12], [3]]), (2, [[1, 18], [6, 3]])])
+def test_stages_passing_different_lists_of_groups_load_the_weights_only(tmp_path, capfd, stages, held):
+    """Each stage passed only its own non-empty groups: 2, 1 and 1 of them at 3 stages; at 2, two
+    each, [embedding, blocks] and [blocks, head]. The weights load, and so does the scheduler's step
+    count, each stage keeping its own groups' lrs."""
+    saved = run_distributed(pipeline_worker, stages, str(tmp_path), stages, "save", True, timeout=240)
+    assert [r["held"] for r in saved] == held
+    assert "the pipeline's stages passed different lists of param groups" in capfd.readouterr().out
+    refused = run_distributed(pipeline_worker, stages, str(tmp_path), stages, "refused", True, timeout=240)
+    for rank, (s, r) in enumerate(zip(saved, refused)):
+        assert "stages passed different lists of param groups" in r["error"], r["error"]
         assert "load_optimizer_states=False" in r["error"]
-        assert r["steps"] == SAVE_AT
+        assert r["steps"] == SAVE_AT + 1
+        assert r["lr"] == s["lrs"][SAVE_AT], f"rank {rank}: {r['lr']} vs {s['lrs']}"
 
 
 def bad_group_worker():

@@ -46,15 +46,21 @@ def held_steps(saved_steps, targets, optimizer) -> list:
 
 
 def scheduler_state_for_run(saved, scheduler, targets, count):
-    """An LR scheduler's state_dict saved with fewer groups than the run's `count` (an older
-    checkpoint: `targets` says which run groups its groups are): each per-group list (base_lrs,
-    _last_lr, ...) gets the saved values at the targets and `scheduler`'s own elsewhere."""
-    if targets is None or len(targets) == count or not hasattr(scheduler, "state_dict"):
+    """An LR scheduler's state_dict as this run's `count` groups take it. Saved with fewer groups (an
+    older checkpoint; `targets` says which run groups its groups are), each per-group list (base_lrs,
+    _last_lr, ...) gets the saved values at the targets and `scheduler`'s own elsewhere. Saved by a
+    pipeline whose stages numbered their own groups (targets None), the lists are stage 0's: this
+    run's own stay, and the rest (the step count) loads."""
+    if (targets is not None and len(targets) == count) or not hasattr(scheduler, "state_dict"):
         return saved
     current, out = scheduler.state_dict(), dict(saved)
     for key, value in saved.items():
         mine = current.get(key)
-        if isinstance(value, list) and len(value) == len(targets) and isinstance(mine, list) and len(mine) == count:
+        if not (isinstance(value, list) and isinstance(mine, list) and len(mine) == count):
+            continue
+        if targets is None:
+            out[key] = mine
+        elif len(value) == len(targets):
             merged = list(mine)
             for target, v in zip(targets, value):
                 merged[target] = v

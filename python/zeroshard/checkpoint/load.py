@@ -101,7 +101,7 @@ def _check_optimizer(engine, run, source, layout, skip):
     targets = saved_group_targets(engine.optimizer, source, layout)
     if targets is None:
         raise ValueError("load_checkpoint: the checkpoint was saved by a pipeline whose stages passed different "
-                         "numbers of param groups, each stage numbering its own, and holds stage 0's only, so it "
+                         "lists of param groups, each stage numbering its own, and holds stage 0's only, so it "
                          "cannot say which group a later stage's parameters were in; pass "
                          "load_optimizer_states=False to load the weights only")
     if groups is not None and len(groups) != len(targets):

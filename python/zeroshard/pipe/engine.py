@@ -11,6 +11,7 @@ from zeroshard.comm import new_comm
 from zeroshard.dataloader import RepeatingLoader
 from zeroshard.engine import ZeroShardEngine
 from zeroshard.log import log_rank0, note_rank0
+from zeroshard.optimizer import group_fingerprint
 from zeroshard.pipe import PipelineError
 from zeroshard.pipe.executor import TrainStep
 from zeroshard.pipe.p2p import StageLinks
@@ -101,22 +102,28 @@ class PipelineEngine(ZeroShardEngine):
     def _numbered_groups(self, groups, passed_empty):
         """A script builds its groups from its stage's parameters, so a group can be empty on one
         stage: it stays wherever some stage passed parameters in it, so that every stage numbers the
-        groups alike (checkpoint/groups.py; DeepSpeed's stages each number their own). Stages that
-        passed different numbers of groups cannot be lined up: each numbers its own, and a checkpoint
-        of the run then loads its weights but not its optimizer state (load.py says so)."""
-        comm, n = self._world_comm, float(len(groups))
+        groups alike (checkpoint/groups.py; DeepSpeed's stages each number their own). Stages whose
+        lists differ (in length, or in a group's hyper-parameters at one place: a script that passes
+        each stage its non-empty groups only) cannot be lined up: each numbers its own, and a
+        checkpoint of the run then loads its weights but not its optimizer state (load.py)."""
+        comm, n = self._all_ranks_comm(), float(len(groups))
         counts = torch.tensor([n, -n], dtype=torch.float64, device=self.device)
         comm.all_reduce_max(counts, "initialize: how many param groups each stage passed")
-        if float(counts[0]) != -float(counts[1]):
-            log_rank0(f"warning: the pipeline's stages passed between {-float(counts[1]):.0f} and "
-                      f"{float(counts[0]):.0f} param groups, so each stage numbers its own: a checkpoint of "
-                      "this run loads its weights but not its optimizer state; pass the same list of groups "
-                      "on every stage (a group may hold no parameters on a stage) to resume both",
-                      self.global_rank)
-            return super()._numbered_groups(groups, passed_empty)[0], False
-        passed = comm.all_reduce_values([0.0 if e else 1.0 for e in passed_empty], str(self.device),
-                                        "initialize: the param groups some stage passed parameters in")
-        return [g for g, somewhere in zip(groups, passed) if somewhere], True
+        alike = float(counts[0]) == -float(counts[1])
+        if alike:  # max(x) == -max(-x) exactly where every rank has the same x
+            keys = [group_fingerprint(g) for g, _ in groups]
+            seen = torch.tensor(keys + [-k for k in keys] + [0.0 if e else 1.0 for e in passed_empty],
+                                dtype=torch.float64, device=self.device)
+            comm.all_reduce_max(seen, "initialize: the param groups each stage passed")
+            seen = seen.tolist()
+            alike = seen[:len(keys)] == [-k for k in seen[len(keys):2 * len(keys)]]
+        if alike:
+            return [g for g, somewhere in zip(groups, seen[2 * len(keys):]) if somewhere], True
+        log_rank0("warning: the pipeline's stages passed different lists of param groups (their number, or a "
+                  "group's hyper-parameters at one place), so each stage numbers its own: a checkpoint of this "
+                  "run loads its weights but not its optimizer state; pass the same list of groups on every "
+                  "stage (a group may hold no parameters on a stage) to resume both", self.global_rank)
+        return super()._numbered_groups(groups, passed_empty)[0], False
 
     def _check_setup(self, groups):
         """The pipeline block and the schedule's own rules, checked (and the schedule built)

@@ -21,7 +21,8 @@ PARTITION_METHODS = "'parameters', 'uniform' or 'type:<regex>'"
 def _layer_name(layer):
     if isinstance(layer, LayerSpec):
         return layer.typename.__name__
-    return type(layer).__name__ if isinstance(layer, torch.nn.Module) else getattr(layer, "__name__", type(layer).__name__)
+    kind = type(layer).__name__
+    return kind if isinstance(layer, torch.nn.Module) else getattr(layer, "__name__", kind)
 
 
 def _trainable_count(layer):
@@ -260,7 +261,8 @@ class PipelineModule(torch.nn.Module):
             lo, hi = self.parts[s], self.parts[s + 1]
             names = [_layer_name(layer) for layer in self._layer_specs[lo:hi]]
             count = "?" if None in counts[lo:hi] else sum(counts[lo:hi])
-            where = f"rank {s % self.num_stages}" + (f" chunk {s // self.num_stages}" if self.virtual_stages > 1 else "")
+            chunk = f" chunk {s // self.num_stages}" if self.virtual_stages > 1 else ""
+            where = f"rank {s % self.num_stages}" + chunk
             lines.append(f"  stage {s} ({where}): layers {lo}-{hi - 1} {names} {count} parameters")
         log_rank0(f"pipeline partition by {self.partition_method!r} over {self.num_global_stages} "
                   "stages:\n" + "\n".join(lines), self.global_rank)
