@@ -76,12 +76,23 @@ def held_groups(param_groups) -> list:
     return [i for i, g in enumerate(param_groups) if g["params"]]
 
 
+def _json_value(v):
+    """A value JSON cannot hold: a tensor's or numpy scalar's numbers, else its type's name (a
+    repr may hold an address, which differs between processes)."""
+    return v.tolist() if hasattr(v, "tolist") else type(v).__name__
+
+
 def group_fingerprint(group) -> float:
-    """A param group's hyper-parameters as one number (CRC32 of their sorted JSON; a value JSON cannot
-    hold by its type's name, as its repr may hold an address), which ranks compare to see whether
-    they passed the same group at one place."""
-    hyper = {k: v for k, v in group.items() if k != "params"}
-    text = json.dumps(hyper, sort_keys=True, default=lambda v: type(v).__name__)
+    """A param group's hyper-parameters as one number (CRC32 of their sorted JSON), which ranks
+    compare to see whether they passed the same group at one place. Left out: what names or holds
+    the parameters, which differ by stage (torch's "param_names", a script's list of names). Groups
+    alike in every hyper-parameter count as the same group, whatever they hold."""
+    hyper = {k: v for k, v in group.items() if k not in ("params", "param_names")
+             and not (isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v))}
+    try:
+        text = json.dumps(hyper, sort_keys=True, default=_json_value)
+    except (TypeError, ValueError):  # keys JSON cannot sort: the keys' names alone
+        text = json.dumps(sorted(map(str, hyper)))
     return float(zlib.crc32(text.encode()))
 
 

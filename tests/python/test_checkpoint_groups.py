@@ -9,8 +9,10 @@ frozen (a LoRA-style no_decay group).
   every group's lr and the client LambdaLR where they were, and the checkpoint loads into the same
   layers without a pipeline and goes on as the pipeline did.
 - A 3-stage pipeline whose middle stage holds one of the groups resumes in its own layout; where the
-  script passes each stage only its non-empty groups (so the stages pass different numbers), a
+  script passes each stage only its non-empty groups (so the stages pass different lists), a
   warning says so at start, and its checkpoint loads the weights but refuses the optimizer state.
+  A client optimizer built from named_parameters (torch's "param_names", which differ by stage)
+  is numbered alike. SequentialLR's inner schedulers are placed group by group.
 - An all-frozen group stays in engine.optimizer.param_groups, its lr scheduled, and one with no
   parameters at all is removed, both as in DeepSpeed; a checkpoint of it resumes, and so does one
   written before groups were numbered so (the frozen group left out)."""
@@ -271,3 +273,56 @@ def bad_group_worker():
 def test_a_bad_hyperparameter_is_named_by_its_listed_group():
     error = run_distributed(bad_group_worker, 1)[0]
     assert error is not None and 'optimizer.param_groups[1]["lr"]' in error, error
+
+
+def named_client_worker():
+    """A client AdamW built from named parameters, as Hugging Face's Trainer builds its groups: each
+    group holds its stage's names ("param_names"), which differ between stages."""
+    import torch
+    import zeroshard
+    from pipe_models import layer_specs, loss_fn
+    from zeroshard.pipe import PipelineModule
+    net = PipelineModule(layers=layer_specs(4, tied=False), num_stages=2, loss_fn=loss_fn, partition_method="uniform")
+    named = list(net.named_parameters())
+    client = torch.optim.AdamW([{"params": [(n, p) for n, p in named if p.dim() > 1], "weight_decay": 0.1},
+                                {"params": [(n, p) for n, p in named if p.dim() <= 1], "weight_decay": 0.0}], lr=1e-3)
+    config = {k: v for k, v in _config(MICRO, GAS).items() if k != "optimizer"}
+    engine, optimizer, _, _ = zeroshard.initialize(model=net, optimizer=client, config=config)
+    return optimizer.numbered_alike, client.param_groups[0]["param_names"][:1]
+
+
+def test_a_client_optimizer_of_named_parameters_is_numbered_alike(capfd):
+    results = run_distributed(named_client_worker, 2)
+    assert [alike for alike, _ in results] == [True, True]
+    assert results[0][1] != results[1][1], "the stages' names differ, which the fingerprint leaves out"
+    assert "different lists of param groups" not in capfd.readouterr().out
+
+
+def test_sequential_lr_inner_schedulers_are_placed_group_by_group():
+    """scheduler_state_for_run on a SequentialLR of two LambdaLRs: from a stage that numbered its
+    own groups (targets None) each inner scheduler keeps this run's base_lrs and takes the saved step;
+    from an older checkpoint with one group fewer, the saved lists land on their groups."""
+    import torch
+    from zeroshard.checkpoint.groups import scheduler_state_for_run
+
+    def scheduler(lrs, steps):
+        opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in lrs])
+        inner = [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 ** s) for _ in range(2)]
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, inner, milestones=[2])
+        for _ in range(steps):
+            opt.step()
+            sched.step()
+        return sched
+
+    mine = scheduler([5.0, 50.0, 500.0], 0)
+    stage0 = scheduler([1.0, 10.0, 20.0], 3).state_dict()
+    got = scheduler_state_for_run(stage0, mine, None, 3)
+    assert got["last_epoch"] == 3
+    for state in got["_schedulers"]:
+        assert state["base_lrs"] == [5.0, 50.0, 500.0]
+    assert [s["last_epoch"] for s in got["_schedulers"]] == [s["last_epoch"] for s in stage0["_schedulers"]]
+    older = scheduler([1.0, 10.0], 3).state_dict()
+    got = scheduler_state_for_run(older, mine, [1, 2], 3)
+    for state in got["_schedulers"]:
+        assert state["base_lrs"] == [5.0, 1.0, 10.0]
+        assert len(state["lr_lambdas"]) == 3

@@ -5,8 +5,8 @@ a group with nothing to train on the saving rank, all frozen or, in a pipeline, 
 in its "param_groups" section, the layout's per-parameter "group" and the training state's
 "group_steps"; the layout's optimizer entry says so (EVERY_GROUP true). So do DeepSpeed's
 checkpoints (their engines' param_groups). EVERY_GROUP false: a pipeline whose stages passed
-different numbers of groups, each stage numbering its own, saved stage 0's; the other stages'
-groups are not in it. Without the entry (an older zeroshard checkpoint) the groups counted are
+different lists of groups (pipe/engine.py), each stage numbering its own, saved stage 0's; the
+other stages' groups are not in it. Without the entry (an older zeroshard checkpoint) the groups counted are
 those with trainable parameters, each pipeline stage its own.
 
 The C++ core holds only the groups with parameters (optimizer.held_groups): its training state's
@@ -45,18 +45,29 @@ def held_steps(saved_steps, targets, optimizer) -> list:
     return [saved_steps[position[held]] for held in optimizer.held_groups]
 
 
+def _per_group(value) -> bool:
+    """A scheduler state's list that holds one entry per group: numbers (base_lrs, _last_lr, ...) or
+    LambdaLR's lr_lambdas (None or a callable object's dict)."""
+    return isinstance(value, list) and all(v is None or isinstance(v, (int, float, dict)) for v in value)
+
+
 def scheduler_state_for_run(saved, scheduler, targets, count):
     """An LR scheduler's state_dict as this run's `count` groups take it. Saved with fewer groups (an
     older checkpoint; `targets` says which run groups its groups are), each per-group list (base_lrs,
     _last_lr, ...) gets the saved values at the targets and `scheduler`'s own elsewhere. Saved by a
     pipeline whose stages numbered their own groups (targets None), the lists are stage 0's: this
-    run's own stay, and the rest (the step count) loads."""
+    run's own stay, and the rest (the step count) loads. SequentialLR's and ChainedScheduler's inner
+    schedulers are taken the same way, each by its own."""
     if (targets is not None and len(targets) == count) or not hasattr(scheduler, "state_dict"):
         return saved
     current, out = scheduler.state_dict(), dict(saved)
+    inner, saved_inner = getattr(scheduler, "_schedulers", None), saved.get("_schedulers")
+    if isinstance(saved_inner, list) and isinstance(inner, list) and len(inner) == len(saved_inner):
+        out["_schedulers"] = [scheduler_state_for_run(state, sub, targets, count)
+                              for state, sub in zip(saved_inner, inner)]
     for key, value in saved.items():
         mine = current.get(key)
-        if not (isinstance(value, list) and isinstance(mine, list) and len(mine) == count):
+        if key == "_schedulers" or not (_per_group(value) and _per_group(mine) and len(mine) == count):
             continue
         if targets is None:
             out[key] = mine
