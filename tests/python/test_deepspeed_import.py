@@ -259,3 +259,23 @@ def test_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_
         unread = DeepSpeedSource(str(path)).section("layout")["optimizer"]["unread"]
         assert unread.startswith(f"{path}: the optimizer state is damaged") and said in unread
     assert DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero2_fp32", "step3")).state_problem is None
+
+
+def test_groups_with_other_states_on_every_rank_are_named_not_damaged(tmp_path):
+    """DeepSpeed's Muon keeps momentum_buffer in its Muon group and Adam's moments in the other: a
+    group whose states differ from group 0's alike on every rank (here group 1 rewritten so) is
+    named as such, not as damage; the weights still load."""
+    from zeroshard.checkpoint.sources import DeepSpeedSource
+    path = copy_of("zero2_fp32", tmp_path)
+
+    def muon_like(state):
+        group = state["optimizer_state_dict"]["base_optimizer_state"]["state"][1]
+        group["momentum_buffer"] = group.pop("exp_avg")
+        del group["exp_avg_sq"]
+    for r in (0, 1):
+        resave(path / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", muon_like)
+    problem = DeepSpeedCheckpoint(str(path)).state_problem
+    assert problem.startswith("its optimizer keeps other states in flat group 1 (['momentum_buffer'])"), problem
+    assert "Muon" in problem and "damaged" not in problem
+    unread = DeepSpeedSource(str(path)).section("layout")["optimizer"]["unread"]
+    assert unread == f"{path}: {problem}"

@@ -296,11 +296,17 @@ class DeepSpeedCheckpoint:
         """What is wrong with the optimizer state, else None: every rank's every group must hold the
         states rank 0's first group holds, each as long as its partition, so that a load asking for
         it is refused before writing, not part-way. Only such a load needs it (sources.py reports it
-        as the state's "unread" reason; tensor() refuses optim/ keys)."""
+        as the state's "unread" reason; tensor() refuses optim/ keys). A group whose other states
+        every rank holds alike was saved so, by an optimizer with per-group states (Muon's)."""
         for group in range(groups):
-            for rank in range(self.world_size):
-                have = _state_names(self._rank_state(rank, group))
-                if sorted(have) != sorted(self.optimizer_state_names):
+            per_rank = [sorted(_state_names(self._rank_state(rank, group))) for rank in range(self.world_size)]
+            for rank, have in enumerate(per_rank):
+                if have != sorted(self.optimizer_state_names):
+                    if have and per_rank.count(have) == self.world_size:  # every rank alike: saved so
+                        return (f"its optimizer keeps other states in flat group {group} ({have}) than in flat "
+                                f"group 0 ({self.optimizer_state_names}) on every rank, as DeepSpeed's Muon keeps its "
+                                "Muon and Adam groups' states; zeroshard's optimizers keep the same states in "
+                                "every group")
                     return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group} holds "
                             f"{have or 'no state'} where {os.path.basename(self._optim_paths[0])}'s flat group 0 "
                             f"holds {self.optimizer_state_names}")
