@@ -261,21 +261,24 @@ def test_damaged_optimizer_state_is_named_and_refused_only_where_it_is_read(tmp_
     assert DeepSpeedCheckpoint(os.path.join(FIXTURES, "zero2_fp32", "step3")).state_problem is None
 
 
-def test_groups_with_other_states_on_every_rank_are_named_not_damaged(tmp_path):
-    """DeepSpeed's Muon keeps momentum_buffer in its Muon group and Adam's moments in the other: a
-    group whose states differ from group 0's alike on every rank (here group 1 rewritten so) is
-    named as such, not as damage; the weights still load."""
+def test_a_muon_checkpoint_is_named_not_called_damaged(tmp_path):
+    """DeepSpeed's Muon marks its param groups use_muon (its Muon group keeps momentum_buffer, over
+    whole matrices at ZeRO-1/2, its Adam group the moments): the files are rewritten so (group 0 the
+    Muon group), and the reason says Muon, not damage; the weights and masters still read."""
     from zeroshard.checkpoint.sources import DeepSpeedSource
     path = copy_of("zero2_fp32", tmp_path)
 
-    def muon_like(state):
-        group = state["optimizer_state_dict"]["base_optimizer_state"]["state"][1]
-        group["momentum_buffer"] = group.pop("exp_avg")
-        del group["exp_avg_sq"]
+    def muon(state):
+        base = state["optimizer_state_dict"]["base_optimizer_state"]
+        for g, group in enumerate(base["param_groups"]):
+            group.update(use_muon=g == 0, name="muon-params" if g == 0 else "adam-params")
+        moments = base["state"][0]
+        moments["momentum_buffer"] = torch.cat([moments.pop("exp_avg"), moments.pop("exp_avg_sq")])
     for r in (0, 1):
-        resave(path / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", muon_like)
-    problem = DeepSpeedCheckpoint(str(path)).state_problem
-    assert problem.startswith("its optimizer keeps other states in flat group 1 (['momentum_buffer'])"), problem
-    assert "Muon" in problem and "damaged" not in problem
+        resave(path / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", muon)
+    ckpt = DeepSpeedCheckpoint(str(path))
+    assert ckpt.state_problem.startswith("it was saved by DeepSpeed's Muon optimizer"), ckpt.state_problem
     unread = DeepSpeedSource(str(path)).section("layout")["optimizer"]["unread"]
-    assert unread == f"{path}: {problem}"
+    assert unread == f"{path}: {ckpt.state_problem}"
+    trained = next(n for n in ckpt.param_names if n not in ckpt.frozen_names)
+    assert torch.equal(ckpt.tensor(f"master/{trained}"), loaded("zero2_fp32")[0].tensor(f"master/{trained}"))

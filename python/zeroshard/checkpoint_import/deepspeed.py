@@ -296,17 +296,15 @@ class DeepSpeedCheckpoint:
         """What is wrong with the optimizer state, else None: every rank's every group must hold the
         states rank 0's first group holds, each as long as its partition, so that a load asking for
         it is refused before writing, not part-way. Only such a load needs it (sources.py reports it
-        as the state's "unread" reason; tensor() refuses optim/ keys). A group whose other states
-        every rank holds alike was saved so, by an optimizer with per-group states (Muon's)."""
+        as the state's "unread" reason; tensor() refuses optim/ keys). DeepSpeed's Muon, whose groups
+        say so (use_muon), keeps other states, laid out otherwise: named as such, not as damage."""
+        if self._optimizer_section()["type"] == "Muon":
+            return ("it was saved by DeepSpeed's Muon optimizer (its param groups carry use_muon), whose state "
+                    "(Muon's momentum for the matrices, Adam's moments for the rest) no zeroshard optimizer keeps")
         for group in range(groups):
-            per_rank = [sorted(_state_names(self._rank_state(rank, group))) for rank in range(self.world_size)]
-            for rank, have in enumerate(per_rank):
-                if have != sorted(self.optimizer_state_names):
-                    if have and per_rank.count(have) == self.world_size:  # every rank alike: saved so
-                        return (f"its optimizer keeps other states in flat group {group} ({have}) than in flat "
-                                f"group 0 ({self.optimizer_state_names}) on every rank, as DeepSpeed's Muon keeps its "
-                                "Muon and Adam groups' states; zeroshard's optimizers keep the same states in "
-                                "every group")
+            for rank in range(self.world_size):
+                have = _state_names(self._rank_state(rank, group))
+                if sorted(have) != sorted(self.optimizer_state_names):
                     return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group} holds "
                             f"{have or 'no state'} where {os.path.basename(self._optim_paths[0])}'s flat group 0 "
                             f"holds {self.optimizer_state_names}")
@@ -543,9 +541,12 @@ def _is_big_tensor(value):
 
 
 def _optimizer_type(groups):
-    """torch's class name, inferred from the hyper-parameters torch puts in a param group; None when
-    they do not tell (DeepSpeed does not save the class)."""
+    """torch's class name, inferred from the hyper-parameters torch puts in a param group ("Muon" for
+    DeepSpeed's, whose groups carry use_muon); None when they do not tell (DeepSpeed does not save
+    the class)."""
     keys = set(groups[0]) if groups else set()
+    if any("use_muon" in g for g in groups):  # DeepSpeed's Muon, its Muon and Adam groups
+        return "Muon"
     if {"betas", "eps", "amsgrad", "decoupled_weight_decay"} <= keys:
         return "AdamW" if groups[0]["decoupled_weight_decay"] else "Adam"
     if {"momentum", "dampening", "nesterov"} <= keys:
