@@ -282,3 +282,8 @@ def test_a_muon_checkpoint_is_named_not_called_damaged(tmp_path):
     assert unread == f"{path}: {ckpt.state_problem}"
     trained = next(n for n in ckpt.param_names if n not in ckpt.frozen_names)
     assert torch.equal(ckpt.tensor(f"master/{trained}"), loaded("zero2_fp32")[0].tensor(f"master/{trained}"))
+    # An elastic checkpoint saves no param groups: its config says Muon (any case, as DeepSpeed reads it).
+    path = copy_of("zero2_fp32", tmp_path / "elastic")
+    resave(path / "mp_rank_00_model_states.pt", lambda state: state["ds_config"].__setitem__(
+        "optimizer", {"type": "muon", "params": {"lr": 0.01}}))
+    assert DeepSpeedCheckpoint(str(path)).state_problem.startswith("it was saved by DeepSpeed's Muon optimizer")

@@ -298,9 +298,9 @@ class DeepSpeedCheckpoint:
         it is refused before writing, not part-way. Only such a load needs it (sources.py reports it
         as the state's "unread" reason; tensor() refuses optim/ keys). DeepSpeed's Muon, whose groups
         say so (use_muon), keeps other states, laid out otherwise: named as such, not as damage."""
-        if self._optimizer_section()["type"] == "Muon":
-            return ("it was saved by DeepSpeed's Muon optimizer (its param groups carry use_muon), whose state "
-                    "(Muon's momentum for the matrices, Adam's moments for the rest) no zeroshard optimizer keeps")
+        if self._saved_by_muon():
+            return ("it was saved by DeepSpeed's Muon optimizer, whose state (Muon's momentum for the matrices, "
+                    "Adam's moments for the rest) no zeroshard optimizer keeps")
         for group in range(groups):
             for rank in range(self.world_size):
                 have = _state_names(self._rank_state(rank, group))
@@ -315,6 +315,15 @@ class DeepSpeedCheckpoint:
                         return (f"the optimizer state is damaged: {self._optim_paths[rank]}: flat group {group}'s "
                                 f"{name} holds {held} elements, expected its partition's {size}")
         return None
+
+    def _saved_by_muon(self):
+        """DeepSpeed's Muon marks its param groups use_muon; an elastic checkpoint saves no groups,
+        but its config names the optimizer (DeepSpeed matches the name in any case)."""
+        base, config = self._base, self._model[0].get("ds_config")
+        if isinstance(base, dict) and any("use_muon" in g for g in base.get("param_groups", [])):
+            return True
+        optimizer = config.get("optimizer") if isinstance(config, dict) else None
+        return isinstance(optimizer, dict) and str(optimizer.get("type", "")).lower() == "muon"
 
     def param_groups_of(self):
         """{parameter name: index of the optimizer param group that holds it} (tied names included)."""
