@@ -3,6 +3,7 @@ in C++), a DeepSpeed ZeRO checkpoint directory (its .pt files, read with weights
 allow-list, checkpoint_import/deepspeed.py) or a DeepSpeed pipeline one (its layer files,
 checkpoint_import/deepspeed_pipe.py). All three answer has / shape / read(name, begin, out) for
 the names of layout.py and give the sections a load needs in zeroshard's form."""
+import abc
 import os
 
 import torch
@@ -80,14 +81,15 @@ class NativeSource:
         return out
 
 
-class _WholeTensorSource:
+class _WholeTensorSource(abc.ABC):
     """What the DeepSpeed sources share: a tensor is rebuilt whole by _tensor(key) (DeepSpeed's
     files are per rank or per layer, not per range), the last one kept for the ranges that follow."""
     masters_with_optimizer = True  # as DeepSpeed: without the optimizer state, masters from the weights
     _cached = (None, None)
 
+    @abc.abstractmethod
     def _tensor(self, key):
-        raise NotImplementedError
+        """The whole tensor stored under `key`, rebuilt from the source's own files."""
 
     def _full(self, key):
         if self._cached[0] != key:
